@@ -1,0 +1,117 @@
+"""Static types of the report (``TypedDict``s). Imported only for type checking and by
+``oomguard.Report``; at run time a report is plain JSON data. Field meanings: docs/report.md.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class WarningEntry(TypedDict):
+    code: str
+    message: str
+
+
+class CgroupLevel(TypedDict):
+    dir: str
+    max_bytes: int | None
+    high_bytes: int | None
+
+
+class CgroupSection(TypedDict):
+    version: int | None
+    path: str | None
+    mount: str | None
+    mount_root: str | None
+    dir: str | None
+    limit_bytes: int | None
+    limit_file: str | None
+    levels: list[CgroupLevel]
+
+
+class SwapSection(TypedDict):
+    limit_bytes: int | None
+    memsw_limit_bytes: int | None
+    known: bool
+    usage_bytes: int | None
+    host_total_bytes: int | None
+
+
+class ProtectionSection(TypedDict):
+    low_bytes: int | None
+    min_bytes: int | None
+
+
+class OomSection(TypedDict):
+    source: str
+    oom: int | None
+    oom_kill: int | None
+    oom_group_kill: int | None
+
+
+class MemorySection(TypedDict):
+    effective_bytes: int | None
+    limited_by: str | None
+    limit_file: str | None
+    host_total_bytes: int | None
+    host_available_bytes: int | None
+    meminfo_virtualized: bool
+    soft_limit_bytes: int | None
+    soft_limit_file: str | None
+    usage_bytes: int | None
+    working_set_bytes: int | None
+    inactive_file_bytes: int | None
+    shmem_bytes: int | None
+    available_bytes: int | None
+    swap: SwapSection
+    protection: ProtectionSection
+    pressure: dict[str, object] | None
+    oom: OomSection | None
+    cgroup: CgroupSection
+
+
+class MemlockSection(TypedDict):
+    known: bool
+    source: str | None
+    soft_bytes: int | None
+    hard_bytes: int | None
+    cap_ipc_lock: bool | None
+    locked_bytes: int | None
+    pinned_bytes: int | None
+
+
+class CpuSection(TypedDict):
+    effective_cpus: float | None
+    limited_by: str | None
+    online_cpus: int | None
+    affinity_cpus: int | None
+    cpuset_cpus: int | None
+    quota_cpus: float | None
+
+
+class ContainerSection(TypedDict):
+    in_container: bool
+    runtime: str | None
+    evidence: list[str]
+    provider: str | None
+    provider_hints: dict[str, str]
+
+
+class BudgetSection(TypedDict):
+    bytes: int | None
+    source: str | None
+    basis_bytes: int | None
+    safety_margin_bytes: int | None
+    requested: str | None
+
+
+class Report(TypedDict):
+    schema_version: int
+    oomguard_version: str
+    root: str
+    memory: MemorySection
+    memlock: MemlockSection
+    cpu: CpuSection
+    container: ContainerSection
+    budget: BudgetSection
+    warnings: list[WarningEntry]

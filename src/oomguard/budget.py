@@ -1,0 +1,115 @@
+"""The budget: how much memory a worker should plan to use, and where the number came from.
+
+Precedence: ``--budget`` flag, then ``OOMGUARD_BUDGET`` in the probed environment, then auto.
+
+- auto: basis = min(effective_bytes, soft_limit_bytes); budget = basis - margin, where the
+  default margin is min(10 GiB, max(256 MiB, 10% of basis)); ``--margin`` overrides it.
+- explicit (``SIZE`` or ``PCT%`` of the basis): kept as the operator's override, with no
+  margin; above the hard ceiling it adds warning ``budget-exceeds-limit``.
+"""
+
+from __future__ import annotations
+
+from .errors import ThresholdError
+from .report import add_warning
+from .units import GiB, MiB, format_size, parse_size_or_percent
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._types import BudgetSection, Report
+
+ENV_BUDGET = "OOMGUARD_BUDGET"
+MARGIN_MIN = 256 * MiB
+MARGIN_MAX = 10 * GiB
+MARGIN_RATIO = 0.10
+
+
+def default_margin(basis: int) -> int:
+    """min(10 GiB, max(256 MiB, 10% of basis)), never more than the basis itself."""
+    return min(basis, MARGIN_MAX, max(MARGIN_MIN, int(basis * MARGIN_RATIO)))
+
+
+def budget_basis(report: Report) -> int | None:
+    mem = report["memory"]
+    hard, soft = mem["effective_bytes"], mem["soft_limit_bytes"]
+    if hard is None:
+        return soft
+    return min(hard, soft) if soft is not None else hard
+
+
+def _amount(text: str, what: str, basis: int | None) -> int | None:
+    size, pct = parse_size_or_percent(text, what)
+    if pct is None:
+        return size
+    return None if basis is None else int(basis * pct / 100)
+
+
+def resolve_budget(
+    report: Report,
+    budget: str | None = None,
+    margin: str | None = None,
+    env: dict[str, str] | None = None,
+) -> BudgetSection:
+    """Fill ``report["budget"]`` (and warnings) and return it.
+
+    *budget* is the flag's text (None when not given); *env* the probed environment.
+    Raises ``UsageError`` for an invalid size, naming the flag or the variable.
+    """
+    env = env or {}
+    if budget is not None and budget.strip().lower() != "auto":
+        requested, what, source = budget, "--budget", "explicit"
+    elif budget is None and env.get(ENV_BUDGET, "").strip() and env[ENV_BUDGET].strip().lower() != "auto":
+        requested, what, source = env[ENV_BUDGET], ENV_BUDGET, "env"
+    else:
+        requested, what, source = "auto", "--budget", "auto"
+    basis = budget_basis(report)
+    margin_bytes: int | None = None
+    if source == "auto":
+        margin_bytes = _amount(margin, "--margin", basis) if margin is not None else None
+        if basis is not None and margin_bytes is None:
+            margin_bytes = default_margin(basis)
+        value = None if basis is None or margin_bytes is None else max(0, basis - margin_bytes)
+    else:
+        value = _amount(requested, what, basis)
+    section: BudgetSection = {
+        "bytes": value,
+        "source": source,
+        "basis_bytes": basis,
+        "safety_margin_bytes": margin_bytes,
+        "requested": requested,
+    }
+    report["budget"] = section
+    _check(report, section)
+    return section
+
+
+def _check(report: Report, b: BudgetSection) -> None:
+    warnings = report["warnings"]
+    value, mem = b["bytes"], report["memory"]
+    if value is None:
+        add_warning(warnings, "budget-unknown", "the memory ceiling is unknown, so no budget could be computed")
+        return
+    if b["source"] == "auto":
+        return
+    if mem["effective_bytes"] is not None and value > mem["effective_bytes"]:
+        add_warning(
+            warnings,
+            "budget-exceeds-limit",
+            f"the {b['source']} budget {format_size(value)} is above the hard ceiling "
+            f"{format_size(mem['effective_bytes'])} ({mem['limited_by']}); the worker may be OOM-killed",
+        )
+    elif mem["soft_limit_bytes"] is not None and value > mem["soft_limit_bytes"]:
+        add_warning(
+            warnings,
+            "budget-exceeds-soft-limit",
+            f"the {b['source']} budget {format_size(value)} is above the soft limit "
+            f"{format_size(mem['soft_limit_bytes'])} (memory.high); the worker will be throttled",
+        )
+
+
+def require(report: Report, minimum: int) -> None:
+    """Raise ``ThresholdError`` (exit 3) when the budget is unknown or below *minimum*."""
+    value = report["budget"]["bytes"]
+    if value is None or value < minimum:
+        have = "unknown" if value is None else format_size(value)
+        raise ThresholdError(f"--require: budget {have} is below the required {format_size(minimum)}")

@@ -1,0 +1,145 @@
+"""The ``oomguard`` command: dispatch, help, and errors turned into one line and an exit code.
+
+Each command imports what it needs when it runs, so ``oomguard check`` loads only the probe.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import __version__
+from .args import Command, Option
+from .errors import EXIT_USAGE, OomguardError
+
+EXIT_CODES = """exit codes:
+  0   ok (check still exits 0 when it has warnings)
+  2   usage or input error: bad flag, size or variable; missing or corrupt snapshot
+  3   a threshold was not met (--require)
+  130 interrupted"""
+
+BUDGET_OPTIONS = [
+    Option("--budget", "auto (default), SIZE (e.g. 300GiB) or PCT% of the basis; beats OOMGUARD_BUDGET", "SPEC"),
+    Option(
+        "--margin", "safety margin under an auto budget: SIZE or PCT% (default min(10GiB, max(256MiB, 10%)))", "SPEC"
+    ),
+    Option(
+        "--root", "probe a snapshot (directory or .tar.gz from 'oomguard capture') instead of the live system", "PATH"
+    ),
+]
+
+CHECK = Command(
+    "check",
+    "Report the memory this process may really use (cgroup v1/v2 limits, MemTotal), "
+    "memlock, CPUs, container and a safe budget.",
+    "[--json] [--budget SPEC] [--margin SPEC] [--require SIZE] [--root PATH]",
+    [
+        Option("--json", "print one JSON object (fields: docs/report.md)"),
+        *BUDGET_OPTIONS,
+        Option("--require", "exit 3 when the budget is below SIZE", "SIZE"),
+    ],
+    epilog="Sizes: B, KiB/MiB/GiB/TiB (K/M/G/T are binary too), KB/MB/GB/TB (decimal).\n" + EXIT_CODES,
+)
+
+CAPTURE = Command(
+    "capture",
+    "Save every file the probe reads (a snapshot) as a .tar.gz, for a bug report or a test "
+    "fixture; replay it with 'oomguard check --root FILE'. The environment is reduced to the "
+    "variables oomguard reads (docs/snapshots.md).",
+    "[--force] FILE.tar.gz",
+    [Option("--force", "overwrite FILE if it exists")],
+    epilog=EXIT_CODES,
+    max_positionals=1,
+)
+
+COMMANDS = {c.name: c for c in (CHECK, CAPTURE)}
+
+MAIN_HELP = f"""usage: oomguard COMMAND [OPTIONS]
+
+Know the memory a worker may really use inside a container, and keep it there.
+
+commands:
+{chr(10).join(f"  {c.name:<10} {c.summary.split('.')[0]}" for c in COMMANDS.values())}
+
+Run 'oomguard COMMAND --help' for a command's options. 'oomguard --version' prints the version.
+
+{EXIT_CODES}
+"""
+
+
+def _check(values: dict[str, str | bool | None]) -> int:
+    from .api import probe
+    from .units import parse_size
+
+    require = parse_size(str(values["require"]), "--require") if values["require"] is not None else None
+    report = probe(root=_str(values["root"]), budget=_str(values["budget"]), margin=_str(values["margin"]))
+    if values["json"]:
+        from .render import to_json
+
+        sys.stdout.write(to_json(report) + "\n")
+    else:
+        from .render import format_human
+
+        sys.stdout.write(format_human(report))
+    if require is not None:
+        from .budget import require as require_budget
+
+        require_budget(report, require)
+    return 0
+
+
+def _capture(values: dict[str, str | bool | None], positionals: list[str]) -> int:
+    from .errors import UsageError
+    from .snapshot import capture
+
+    if not positionals:
+        raise UsageError("capture: missing FILE.tar.gz (see 'oomguard capture --help')")
+    n = capture(positionals[0], force=bool(values["force"]))
+    sys.stderr.write(f"oomguard: wrote {n} files to {positionals[0]}\n")
+    return 0
+
+
+def _str(v: str | bool | None) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def run(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        if len(argv) > 1 and argv[1] in COMMANDS:
+            sys.stdout.write(COMMANDS[argv[1]].help())
+            return 0
+        sys.stdout.write(MAIN_HELP)
+        return 0 if argv else EXIT_USAGE
+    if argv[0] == "--version":
+        sys.stdout.write(f"oomguard {__version__}\n")
+        return 0
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        from .errors import UsageError
+
+        raise UsageError(f"unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)}; see 'oomguard --help')")
+    values, positionals = command.parse(argv[1:])
+    if values.get("help"):
+        sys.stdout.write(command.help())
+        return 0
+    if command is CHECK:
+        return _check(values)
+    return _capture(values, positionals)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the exit code; no traceback reaches the user for expected errors."""
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except OomguardError as exc:
+        sys.stderr.write(f"oomguard: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("oomguard: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def main_exit() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

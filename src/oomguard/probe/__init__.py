@@ -1,0 +1,92 @@
+"""``probe()``: read a Root and build the report (without the budget, see ``oomguard.budget``)."""
+
+from __future__ import annotations
+
+from .. import __version__
+from ..report import SCHEMA_VERSION, add_warning, warn_failure
+from ..root import Failure, LiveRoot, Root
+from .cgroup import find_hierarchy
+from .container import probe_container
+from .cpu import probe_cpu
+from .memlock import probe_memlock
+from .memory import probe_memory
+from .mounts import CgroupEntry, Mount, parse_mountinfo, parse_proc_cgroup
+from .parsers import parse_status
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .._types import Report, WarningEntry
+
+__all__ = ["probe_system"]
+
+
+def _read_layout(root: Root, warnings: list[WarningEntry]) -> tuple[list[CgroupEntry], list[Mount]]:
+    entries: list[CgroupEntry] = []
+    mounts: list[Mount] = []
+    text = root.read("/proc/self/cgroup")
+    if isinstance(text, Failure):
+        warn_failure(warnings, text, "cgroup limits cannot be found")
+    else:
+        entries, bad = parse_proc_cgroup(text)
+        if bad:
+            add_warning(warnings, "malformed", f"/proc/self/cgroup: {bad} line(s) not of the form id:controllers:/path")
+    text = root.read("/proc/self/mountinfo")
+    if isinstance(text, Failure):
+        warn_failure(warnings, text, "cgroup mounts cannot be found")
+    else:
+        mounts, bad = parse_mountinfo(text)
+        if bad:
+            add_warning(warnings, "malformed", f"/proc/self/mountinfo: {bad} line(s) could not be parsed")
+    return entries, mounts
+
+
+def _hidden_limit_warning(report: Report, warnings: list[WarningEntry]) -> None:
+    """systemd#19497: a limit above the cgroup namespace root is invisible from inside."""
+    mem = report["memory"]
+    cg = mem["cgroup"]
+    # On v1, hierarchical_memory_limit already folds in every ancestor: nothing is hidden.
+    at_ns_root = cg["path"] == "/" or cg["dir"] == cg["mount"]
+    if report["container"]["in_container"] and cg["version"] == 2 and cg["limit_bytes"] is None and at_ns_root:
+        add_warning(
+            warnings,
+            "limit-may-be-hidden",
+            f"in a container, and the cgroup namespace root ({cg['dir']}) shows no memory limit: "
+            "a limit set above it cannot be seen from inside; effective_bytes may be too high",
+        )
+
+
+def probe_system(root: Root | None = None, env: dict[str, str] | None = None) -> Report:
+    """Probe *root* (default: the live system) into a report whose ``budget`` is still empty.
+
+    *env* is the probed process's environment (default: ``root.environ()``).
+    """
+    root = root or LiveRoot()
+    env = root.environ() if env is None else env
+    warnings: list[WarningEntry] = []
+    entries, mounts = _read_layout(root, warnings)
+    status_text = root.read("/proc/self/status")
+    status = parse_status(status_text) if not isinstance(status_text, Failure) else {}
+    if isinstance(status_text, Failure):
+        warn_failure(warnings, status_text, "capabilities and locked memory are unknown")
+    mem_h = find_hierarchy(entries, mounts, "memory", warnings)
+    if mem_h is None and entries:
+        add_warning(warnings, "no-cgroup", "no mounted cgroup hierarchy for the memory controller; using /proc/meminfo")
+    report: Report = {
+        "schema_version": SCHEMA_VERSION,
+        "oomguard_version": __version__,
+        "root": root.label,
+        "memory": probe_memory(root, mem_h, mounts, warnings),
+        "memlock": probe_memlock(root, status, warnings),
+        "cpu": probe_cpu(
+            root,
+            status,
+            find_hierarchy(entries, mounts, "cpu", []),
+            find_hierarchy(entries, mounts, "cpuset", []),
+            warnings,
+        ),
+        "container": probe_container(root, env, entries, mounts),
+        "budget": {"bytes": None, "source": None, "basis_bytes": None, "safety_margin_bytes": None, "requested": None},
+        "warnings": warnings,
+    }
+    _hidden_limit_warning(report, warnings)
+    return report

@@ -1,0 +1,81 @@
+"""The CPU section: how many CPUs this process may use.
+
+effective = min(online CPUs, affinity (``Cpus_allowed_list``), cpuset, quota),
+where the quota is the smallest ``cpu.max`` (v2) or ``cfs_quota_us / cfs_period_us``
+(v1) over the group and its ancestors. A fractional quota stays fractional.
+"""
+
+from __future__ import annotations
+
+from ..report import add_warning
+from ..root import Failure, Root
+from .cgroup import Hierarchy
+from .parsers import MALFORMED, VALUE, parse_cfs, parse_cpu_list, parse_cpu_max
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .._types import CpuSection, WarningEntry
+
+
+def _text(root: Root, path: str) -> str | None:
+    t = root.read(path)
+    return None if isinstance(t, Failure) else t
+
+
+def _quota(root: Root, h: Hierarchy, warnings: list[WarningEntry]) -> float | None:
+    best: float | None = None
+    for d in h.dirs:
+        if h.version == 2:
+            t = _text(root, d + "/cpu.max")
+            if t is None:
+                continue
+            status, q = parse_cpu_max(t)
+            what = d + "/cpu.max"
+        else:
+            qt, pt = _text(root, d + "/cpu.cfs_quota_us"), _text(root, d + "/cpu.cfs_period_us")
+            if qt is None or pt is None:
+                continue
+            status, q = parse_cfs(qt, pt)
+            what = d + "/cpu.cfs_quota_us"
+        if status == MALFORMED:
+            add_warning(warnings, "malformed", f"{what} does not hold a CPU quota; ignored")
+        elif status == VALUE and q is not None and (best is None or q < best):
+            best = q
+    return best
+
+
+def _cpuset(root: Root, h: Hierarchy) -> int | None:
+    names = ("cpuset.cpus.effective",) if h.version == 2 else ("cpuset.effective_cpus", "cpuset.cpus")
+    for name in names:
+        t = _text(root, h.leaf + "/" + name)
+        if t is not None:
+            return parse_cpu_list(t)
+    return None
+
+
+def probe_cpu(
+    root: Root,
+    status: dict[str, str],
+    cpu_h: Hierarchy | None,
+    cpuset_h: Hierarchy | None,
+    warnings: list[WarningEntry],
+) -> CpuSection:
+    online_text = _text(root, "/sys/devices/system/cpu/online")
+    online = parse_cpu_list(online_text) if online_text is not None else None
+    affinity = parse_cpu_list(status["Cpus_allowed_list"]) if "Cpus_allowed_list" in status else None
+    quota = _quota(root, cpu_h, warnings) if cpu_h is not None else None
+    cpuset = _cpuset(root, cpuset_h) if cpuset_h is not None else None
+    candidates: list[tuple[float, str]] = [
+        (float(v), name)
+        for v, name in ((online, "online"), (affinity, "affinity"), (cpuset, "cpuset"), (quota, "quota"))
+        if v is not None
+    ]
+    effective, limited_by = min(candidates, key=lambda c: c[0]) if candidates else (None, None)
+    return {
+        "effective_cpus": effective,
+        "limited_by": limited_by,
+        "online_cpus": online,
+        "affinity_cpus": affinity,
+        "cpuset_cpus": cpuset,
+        "quota_cpus": quota,
+    }

@@ -1,0 +1,143 @@
+"""Print a report: one JSON object (``--json``) or an aligned text summary.
+
+JSON is written with the C string encoder of the standard library's ``_json``
+module when present, because ``import json`` pulls in ``re`` and costs more start-up
+time than the whole probe; the output is the same as ``json.dumps(..., indent=2)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .units import format_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._types import Report
+
+try:
+    from _json import encode_basestring_ascii as _quote
+except ImportError:  # pragma: no cover - other Python implementations
+    from json.encoder import encode_basestring_ascii as _quote
+
+
+def _encode(obj: object, indent: str, out: list[str]) -> None:
+    if obj is None:
+        out.append("null")
+    elif obj is True:
+        out.append("true")
+    elif obj is False:
+        out.append("false")
+    elif isinstance(obj, str):
+        out.append(_quote(obj))
+    elif isinstance(obj, int):
+        out.append(int.__repr__(obj))
+    elif isinstance(obj, float):
+        out.append(float.__repr__(obj) if math.isfinite(obj) else "null")
+    elif isinstance(obj, dict):
+        if not obj:
+            out.append("{}")
+            return
+        inner = indent + "  "
+        out.append("{")
+        for i, (k, v) in enumerate(obj.items()):
+            out.append(("," if i else "") + "\n" + inner + _quote(str(k)) + ": ")
+            _encode(v, inner, out)
+        out.append("\n" + indent + "}")
+    elif isinstance(obj, (list, tuple)):
+        if not obj:
+            out.append("[]")
+            return
+        inner = indent + "  "
+        out.append("[")
+        for i, v in enumerate(obj):
+            out.append(("," if i else "") + "\n" + inner)
+            _encode(v, inner, out)
+        out.append("\n" + indent + "]")
+    else:
+        raise TypeError(f"not JSON data: {type(obj).__name__}")
+
+
+def to_json(data: object) -> str:
+    """JSON text of *data*, as ``json.dumps(data, indent=2)`` (non-finite floats become null)."""
+    out: list[str] = []
+    _encode(data, "", out)
+    return "".join(out)
+
+
+def _row(label: str, value: str, note: str = "") -> str:
+    return f"  {label:<16} {value:<12} {note}".rstrip()
+
+
+def _swap(report: Report) -> str:
+    swap = report["memory"]["swap"]
+    if not swap["known"]:
+        return "not accounted"
+    return "unlimited" if swap["limit_bytes"] is None else format_size(swap["limit_bytes"])
+
+
+def format_human(report: Report) -> str:
+    mem, cg, b = report["memory"], report["memory"]["cgroup"], report["budget"]
+    lines = [f"oomguard check ({'live system' if report['root'] == '/' else 'snapshot ' + report['root']})", "Memory"]
+    why = {"meminfo": "MemTotal binds: no lower cgroup limit"}.get(mem["limited_by"] or "", "")
+    if mem["limited_by"] and mem["limited_by"].startswith("cgroup"):
+        why = f"{mem['limited_by']} limit binds"
+    lines.append(_row("effective limit", format_size(mem["effective_bytes"]), why))
+    lines.append(_row("", "", f"from {mem['limit_file']}") if mem["limit_file"] else "")
+    lines.append(
+        _row(
+            "host RAM",
+            format_size(mem["host_total_bytes"]),
+            "MemTotal (lxcfs: the container's limit)" if mem["meminfo_virtualized"] else "MemTotal",
+        )
+    )
+    lines.append(
+        _row("soft limit", format_size(mem["soft_limit_bytes"]), "memory.high" if mem["soft_limit_bytes"] else "")
+    )
+    lines.append(_row("swap limit", _swap(report)))
+    ws = mem["working_set_bytes"]
+    lines.append(
+        _row("usage", format_size(mem["usage_bytes"]), f"working set {format_size(ws)}" if ws is not None else "")
+    )
+    lines.append(_row("available", format_size(mem["available_bytes"])))
+    if mem["pressure"]:
+        some = mem["pressure"].get("some") or {}
+        if isinstance(some, dict):
+            lines.append(_row("pressure", f"{some.get('avg10', 0):.2f}%", f"some avg10 ({mem['pressure']['source']})"))
+    if mem["oom"]:
+        lines.append(
+            _row(
+                "OOM kills",
+                str(mem["oom"]["oom_kill"] if mem["oom"]["oom_kill"] is not None else "-"),
+                mem["oom"]["source"],
+            )
+        )
+    version = cg["version"]
+    lines.append(
+        _row("cgroup", f"v{version}" if version else "none", f"{cg['path']} at {cg['dir']}" if version else "")
+    )
+    lines.append("Budget")
+    if b["source"] == "auto":
+        note = f"auto: {format_size(b['basis_bytes'])} basis - {format_size(b['safety_margin_bytes'])} margin"
+    else:
+        note = f"{b['source']}: {b['requested']}"
+    lines.append(_row("budget", format_size(b["bytes"]), note))
+    ml = report["memlock"]
+    lines.append("Memlock")
+    soft = "unlimited" if ml["known"] and ml["soft_bytes"] is None else format_size(ml["soft_bytes"])
+    hard = "unlimited" if ml["known"] and ml["hard_bytes"] is None else format_size(ml["hard_bytes"])
+    cap = {True: "yes", False: "no", None: "unknown"}[ml["cap_ipc_lock"]]
+    lines.append(_row("soft / hard", soft if ml["known"] else "unknown", f"hard {hard}; CAP_IPC_LOCK {cap}"))
+    cpu, ct = report["cpu"], report["container"]
+    lines.append("CPU")
+    eff = cpu["effective_cpus"]
+    lines.append(
+        _row("effective CPUs", "-" if eff is None else f"{eff:g}", f"limited by {cpu['limited_by']}" if eff else "")
+    )
+    lines.append("Container")
+    lines.append(_row("in container", "yes" if ct["in_container"] else "no", ct["runtime"] or ""))
+    if ct["provider"]:
+        lines.append(_row("provider", ct["provider"], " ".join(f"{k}={v}" for k, v in ct["provider_hints"].items())))
+    lines.append(f"Warnings ({len(report['warnings'])})")
+    lines.extend(f"  {w['code']}: {w['message']}" for w in report["warnings"])
+    return "\n".join(line for line in lines if line) + "\n"

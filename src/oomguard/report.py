@@ -1,0 +1,59 @@
+"""The Report contract: schema version, warning codes, and helpers to add warnings.
+
+A report is plain JSON data (dicts, lists, str, int, float, bool, None), described
+field by field in ``schema.json`` beside this file and in docs/report.md; the
+``Report`` TypedDict in ``oomguard._types`` gives it static types. Plain data keeps
+``oomguard check`` free of heavy imports (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs more than the probe
+
+if TYPE_CHECKING:
+    from ._types import WarningEntry
+    from .root import Failure
+
+SCHEMA_VERSION = 1
+
+# Stable warning codes. Add new ones at the end; never change a code's meaning.
+WARNING_CODES: dict[str, str] = {
+    "limit-may-be-hidden": "In a container whose cgroup namespace root shows no memory limit: "
+    "a limit set above the namespace root (pod level, host slice) cannot be seen from inside.",
+    "unreadable": "A file the probe needs exists but could not be read (permissions, hidepid, I/O error).",
+    "missing": "A file the probe needs does not exist (e.g. /proc/meminfo in a snapshot).",
+    "malformed": "A file's contents do not have the documented shape; its value was ignored.",
+    "outside-mount-root": "The process's cgroup is not below the root of the mounted cgroup tree; "
+    "the limits of the mount root were used instead.",
+    "no-cgroup": "No mounted cgroup hierarchy carries the memory controller; only /proc/meminfo was used.",
+    "controller-not-enabled": "The process's v2 cgroup does not list the memory controller in cgroup.controllers.",
+    "limit-above-host-memory": "A cgroup memory limit is set at or above the host's RAM (MemTotal), so it never binds.",
+    "usage-above-limit": "Memory usage is above the limit (possible right after a limit was lowered).",
+    "meminfo-virtualized": "/proc/meminfo is virtualised by lxcfs: MemTotal already is the container's limit.",
+    "memlock-unknown": "The locked-memory limit (RLIMIT_MEMLOCK) could not be read.",
+    "memlock-low": "RLIMIT_MEMLOCK soft limit is under 64 MiB and CAP_IPC_LOCK is not held: "
+    "pinning (mlock, cudaHostAlloc) of larger buffers will fail.",
+    "budget-exceeds-limit": "The explicit budget is above the hard ceiling (memory.effective_bytes).",
+    "budget-exceeds-soft-limit": "The explicit budget is above the soft limit (memory.high), "
+    "where the kernel throttles and reclaims.",
+    "budget-unknown": "No budget could be computed because the memory ceiling is unknown.",
+}
+
+MEMLOCK_LOW_BYTES = 64 * 1024 * 1024
+
+
+def add_warning(warnings: list[WarningEntry], code: str, message: str) -> None:
+    """Append ``{code, message}`` unless the same warning is already there."""
+    assert code in WARNING_CODES, code
+    entry: WarningEntry = {"code": code, "message": message}
+    if entry not in warnings:
+        warnings.append(entry)
+
+
+def warn_failure(warnings: list[WarningEntry], failure: Failure, what: str) -> None:
+    """Turn a failed read into an ``unreadable`` or ``missing`` warning."""
+    if failure.kind == "missing":
+        add_warning(warnings, "missing", f"{failure.path} does not exist; {what}")
+    else:
+        detail = f" ({failure.detail})" if failure.detail else ""
+        add_warning(warnings, "unreadable", f"cannot read {failure.path}{detail}; {what}")

@@ -1,0 +1,197 @@
+"""Where the probe reads from: the live system, a snapshot directory, or a snapshot tarball.
+
+This is the only module that opens files under /proc and /sys. Every read returns
+either text or a ``Failure`` value (psutil's ``cat(path, fallback=...)`` idea), so
+the parsers never see an ``OSError`` and a missing file is a fact, not a crash.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import SnapshotError
+
+MAX_FILE_BYTES = 1 << 20  # no file the probe reads is anywhere near this
+
+
+class Failure:
+    """A read that did not return text: ``kind`` is "missing", "denied" or "error"."""
+
+    __slots__ = ("detail", "kind", "path")
+
+    def __init__(self, path: str, kind: str, detail: str = "") -> None:
+        self.path = path
+        self.kind = kind
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"Failure({self.path!r}, {self.kind!r}, {self.detail!r})"
+
+    def __bool__(self) -> bool:  # lets callers write `if not text: ...`
+        return False
+
+
+def _failure_from_oserror(path: str, exc: OSError) -> Failure:
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return Failure(path, "missing")
+    if isinstance(exc, PermissionError):
+        return Failure(path, "denied", exc.strerror or "permission denied")
+    return Failure(path, "error", exc.strerror or str(exc))
+
+
+class Root:
+    """Base class. Paths are absolute as on the probed system ("/proc/meminfo")."""
+
+    label = "/"
+    live = False
+
+    def read(self, path: str) -> str | Failure:
+        raise NotImplementedError
+
+    def exists(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def listdir(self, path: str) -> list[str] | Failure:
+        raise NotImplementedError
+
+    def environ(self) -> dict[str, str]:
+        """The probed process's environment."""
+        raise NotImplementedError
+
+
+class LiveRoot(Root):
+    """The running system; the environment is this process's ``os.environ``."""
+
+    live = True
+
+    def read(self, path: str) -> str | Failure:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_FILE_BYTES)
+        except OSError as exc:
+            return _failure_from_oserror(path, exc)
+        return data.decode("utf-8", "surrogateescape")
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def listdir(self, path: str) -> list[str] | Failure:
+        try:
+            return sorted(os.listdir(path))
+        except OSError as exc:
+            return _failure_from_oserror(path, exc)
+
+    def environ(self) -> dict[str, str]:
+        return dict(os.environ)
+
+
+def parse_environ(text: str) -> dict[str, str]:
+    """``/proc/<pid>/environ``: NUL-separated ``KEY=value`` entries."""
+    env: dict[str, str] = {}
+    for entry in text.split("\0"):
+        key, sep, value = entry.partition("=")
+        if sep and key:
+            env[key] = value
+    return env
+
+
+class _SnapshotRoot(Root):
+    """Shared behaviour of directory and tarball snapshots."""
+
+    def environ(self) -> dict[str, str]:
+        text = self.read("/proc/self/environ")
+        return parse_environ(text) if isinstance(text, str) else {}
+
+
+class DirRoot(_SnapshotRoot):
+    """A file tree laid out as under "/" (a fixture or an unpacked snapshot)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = os.path.abspath(base)
+        self.label = base
+
+    def _path(self, path: str) -> str:
+        return os.path.join(self.base, path.lstrip("/"))
+
+    def read(self, path: str) -> str | Failure:
+        try:
+            with open(self._path(path), "rb") as f:
+                data = f.read(MAX_FILE_BYTES)
+        except OSError as exc:
+            return _failure_from_oserror(path, exc)
+        return data.decode("utf-8", "surrogateescape")
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(self._path(path))
+
+    def listdir(self, path: str) -> list[str] | Failure:
+        try:
+            return sorted(os.listdir(self._path(path)))
+        except OSError as exc:
+            return _failure_from_oserror(path, exc)
+
+
+class TarRoot(_SnapshotRoot):
+    """A ``.tar.gz`` snapshot, read into memory; nothing is extracted to disk."""
+
+    def __init__(self, tarball: str) -> None:
+        import tarfile  # only snapshots pay for it
+
+        self.label = tarball
+        self.files: dict[str, str] = {}
+        self.dirs: set[str] = {"/"}
+        try:
+            with tarfile.open(tarball, "r:*") as tar:
+                for member in tar:
+                    name = os.path.normpath("/" + member.name.lstrip("/"))
+                    if name == "/":
+                        continue
+                    self._add_parents(name)
+                    if member.isdir():
+                        self.dirs.add(name)
+                    elif member.isfile() and member.size <= MAX_FILE_BYTES:
+                        f = tar.extractfile(member)
+                        if f is not None:
+                            self.files[name] = f.read().decode("utf-8", "surrogateescape")
+        except (OSError, tarfile.TarError, EOFError) as exc:
+            raise SnapshotError(f"--root: cannot read snapshot {tarball!r}: {exc}") from None
+
+    def _add_parents(self, name: str) -> None:
+        parent = os.path.dirname(name)
+        while parent not in self.dirs:
+            self.dirs.add(parent)
+            parent = os.path.dirname(parent)
+
+    def read(self, path: str) -> str | Failure:
+        text = self.files.get(os.path.normpath(path))
+        return text if text is not None else Failure(path, "missing")
+
+    def exists(self, path: str) -> bool:
+        p = os.path.normpath(path)
+        return p in self.files or p in self.dirs
+
+    def listdir(self, path: str) -> list[str] | Failure:
+        p = os.path.normpath(path)
+        if p not in self.dirs:
+            return Failure(path, "missing")
+        prefix = p.rstrip("/") + "/"
+        names = {n[len(prefix) :].split("/", 1)[0] for n in (*self.files, *self.dirs) if n.startswith(prefix)}
+        return sorted(names)
+
+
+def open_root(spec: str | None) -> Root:
+    """``None`` or "/" for the live system; a directory or tarball for a snapshot.
+
+    Raises ``SnapshotError`` when *spec* is missing or is not a snapshot.
+    """
+    if spec is None or os.path.abspath(spec) == "/":
+        return LiveRoot()
+    if os.path.isdir(spec):
+        root: Root = DirRoot(spec)
+    elif os.path.isfile(spec):
+        root = TarRoot(spec)
+    else:
+        raise SnapshotError(f"--root: no such snapshot directory or tarball: {spec!r}")
+    if not root.exists("/proc/meminfo") and not root.exists("/proc/self/cgroup"):
+        raise SnapshotError(f"--root: {spec!r} is not a snapshot (it has neither proc/meminfo nor proc/self/cgroup)")
+    return root

@@ -1,0 +1,91 @@
+"""Sizes: parse what people type, print in binary units.
+
+Parsing avoids ``re`` on purpose: ``oomguard check`` must start fast, and
+importing ``re`` alone costs more than the whole probe (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from .errors import UsageError
+
+KiB = 1024
+MiB = KiB * 1024
+GiB = MiB * 1024
+TiB = GiB * 1024
+PiB = TiB * 1024
+
+# Case-insensitive unit suffixes. Single letters and the IEC forms are binary;
+# the SI forms with a B (KB, MB, ...) are decimal, as on a disk label.
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "k": KiB,
+    "kib": KiB,
+    "kb": 1000,
+    "m": MiB,
+    "mib": MiB,
+    "mb": 1000**2,
+    "g": GiB,
+    "gib": GiB,
+    "gb": 1000**3,
+    "t": TiB,
+    "tib": TiB,
+    "tb": 1000**4,
+    "p": PiB,
+    "pib": PiB,
+    "pb": 1000**5,
+}
+
+_NUMBER_CHARS = frozenset("0123456789.")
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """Parse ``"1.5GiB"``, ``"512M"``, ``"4GB"`` or ``"123"`` into bytes.
+
+    Raises ``UsageError`` naming *what* (a flag or variable) on anything else.
+    """
+    s = text.strip().replace("_", "")
+    i = 0
+    while i < len(s) and s[i] in _NUMBER_CHARS:
+        i += 1
+    number, unit = s[:i], s[i:].strip().lower()
+    factor = _UNITS.get(unit)
+    if not number or len(number) > 30 or number.count(".") > 1 or number == "." or factor is None:
+        raise UsageError(f"{what}: invalid size {text!r} (use e.g. 512MiB, 8G, 1.5GiB, 4GB or a byte count)")
+    if "." in number:
+        whole, _, frac = number.partition(".")
+        # Exact arithmetic: 0.1 GiB must not turn into 107374182.40000001 bytes.
+        scale: int = 10 ** len(frac)
+        value = int(whole or "0") * factor + int(frac or "0") * factor // scale
+    else:
+        value = int(number) * factor
+    return value
+
+
+def parse_size_or_percent(text: str, what: str) -> tuple[int | None, float | None]:
+    """Return ``(bytes, None)`` for a size or ``(None, percent)`` for ``"80%"``."""
+    s = text.strip()
+    if s.endswith("%"):
+        num = s[:-1].strip()
+        try:
+            pct = float(num)
+        except ValueError:
+            pct = -1.0
+        if not (0.0 <= pct <= 100.0) or not num or num.lower() in ("nan", "inf"):
+            raise UsageError(f"{what}: invalid percentage {text!r} (use a number from 0 to 100, e.g. 80%)")
+        return None, pct
+    return parse_size(s, what), None
+
+
+def format_size(n: int | None) -> str:
+    """``23.5 GiB``, ``512 MiB``, ``0 B``; ``-`` for None. Negative sizes keep their sign."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, factor in (("PiB", PiB), ("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= factor:
+            value = n / factor
+            text = f"{value:.1f}".rstrip("0").rstrip(".")
+            return f"{sign}{text} {unit}"
+    return f"{sign}{n} B"
