@@ -19,6 +19,7 @@ test: lint typecheck pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/vermin --quiet --no-tips --violations -t=3.10- src/oomguard
 
 typecheck: $(STAMP)

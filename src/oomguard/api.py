@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .budget import resolve_budget
-from .probe import probe_system
+from .probes import probe_system
 from .root import Root, open_root
 
 TYPE_CHECKING = False

@@ -76,7 +76,7 @@ class Command:
                 continue
             if eq:
                 values[opt.dest] = inline
-            elif i < len(argv):
+            elif i < len(argv) and not (argv[i].startswith("-") and len(argv[i]) > 1):
                 values[opt.dest] = argv[i]
                 i += 1
             else:

@@ -7,18 +7,24 @@ time than the whole probe; the output is the same as ``json.dumps(..., indent=2)
 
 from __future__ import annotations
 
-import math
-
 from .units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._types import Report
 
-try:
-    from _json import encode_basestring_ascii as _quote
-except ImportError:  # pragma: no cover - other Python implementations
-    from json.encoder import encode_basestring_ascii as _quote
+_PLAIN = frozenset(" !#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`abcdefghijklmnopqrstuvwxyz{|}~")
+
+
+def _quote(s: str) -> str:
+    """A JSON string literal, ASCII only, as json.dumps writes it."""
+    if _PLAIN.issuperset(s):  # the common case: no escaping needed
+        return '"' + s + '"'
+    try:
+        from _json import encode_basestring_ascii
+    except ImportError:  # pragma: no cover - other Python implementations
+        from json.encoder import encode_basestring_ascii
+    return str(encode_basestring_ascii(s))
 
 
 def _encode(obj: object, indent: str, out: list[str]) -> None:
@@ -33,7 +39,7 @@ def _encode(obj: object, indent: str, out: list[str]) -> None:
     elif isinstance(obj, int):
         out.append(int.__repr__(obj))
     elif isinstance(obj, float):
-        out.append(float.__repr__(obj) if math.isfinite(obj) else "null")
+        out.append(float.__repr__(obj) if obj - obj == 0.0 else "null")  # NaN and inf: null
     elif isinstance(obj, dict):
         if not obj:
             out.append("{}")
@@ -73,7 +79,8 @@ def _swap(report: Report) -> str:
     swap = report["memory"]["swap"]
     if not swap["known"]:
         return "not accounted"
-    return "unlimited" if swap["limit_bytes"] is None else format_size(swap["limit_bytes"])
+    text = "unlimited" if swap["limit_bytes"] is None else format_size(swap["limit_bytes"])
+    return text + (" (the host has no swap)" if swap["host_total_bytes"] == 0 else "")
 
 
 def format_human(report: Report) -> str:
@@ -127,7 +134,7 @@ def format_human(report: Report) -> str:
     soft = "unlimited" if ml["known"] and ml["soft_bytes"] is None else format_size(ml["soft_bytes"])
     hard = "unlimited" if ml["known"] and ml["hard_bytes"] is None else format_size(ml["hard_bytes"])
     cap = {True: "yes", False: "no", None: "unknown"}[ml["cap_ipc_lock"]]
-    lines.append(_row("soft / hard", soft if ml["known"] else "unknown", f"hard {hard}; CAP_IPC_LOCK {cap}"))
+    lines.append(_row("soft / hard", f"{soft} / {hard}" if ml["known"] else "unknown", f"CAP_IPC_LOCK {cap}"))
     cpu, ct = report["cpu"], report["container"]
     lines.append("CPU")
     eff = cpu["effective_cpus"]

@@ -136,6 +136,7 @@ class TarRoot(_SnapshotRoot):
 
     def __init__(self, tarball: str) -> None:
         import tarfile  # only snapshots pay for it
+        import zlib
 
         self.label = tarball
         self.files: dict[str, str] = {}
@@ -153,8 +154,12 @@ class TarRoot(_SnapshotRoot):
                         f = tar.extractfile(member)
                         if f is not None:
                             self.files[name] = f.read().decode("utf-8", "surrogateescape")
-        except (OSError, tarfile.TarError, EOFError) as exc:
-            raise SnapshotError(f"--root: cannot read snapshot {tarball!r}: {exc}") from None
+        except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
+            # tarfile's "r:*" error lists every method it tried, one per line: keep one line.
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise SnapshotError(
+                f"--root: cannot read snapshot {tarball!r}: not a readable tar archive ({detail})"
+            ) from None
 
     def _add_parents(self, name: str) -> None:
         parent = os.path.dirname(name)

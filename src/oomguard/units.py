@@ -78,7 +78,7 @@ def parse_size_or_percent(text: str, what: str) -> tuple[int | None, float | Non
 
 
 def format_size(n: int | None) -> str:
-    """``23.5 GiB``, ``512 MiB``, ``0 B``; ``-`` for None. Negative sizes keep their sign."""
+    """``23.54 GiB``, ``1.25 GiB``, ``512 MiB``, ``0 B`` (two decimals at most); ``-`` for None."""
     if n is None:
         return "-"
     sign = "-" if n < 0 else ""
@@ -86,6 +86,6 @@ def format_size(n: int | None) -> str:
     for unit, factor in (("PiB", PiB), ("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= factor:
             value = n / factor
-            text = f"{value:.1f}".rstrip("0").rstrip(".")
+            text = f"{value:.2f}".rstrip("0").rstrip(".")
             return f"{sign}{text} {unit}"
     return f"{sign}{n} B"

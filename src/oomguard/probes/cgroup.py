@@ -1,6 +1,6 @@
 """Which cgroup this process is in, for a controller, and the directories to read.
 
-Rules (docs/detection.md has the sources):
+Rules (docs/architecture.md, "Detection rules", has the sources):
 - find the group through /proc/self/cgroup and /proc/self/mountinfo, never fixed paths;
 - a controller comes from cgroup v1 only when /proc/self/cgroup lists it in a v1
   hierarchy that is also mounted (hybrid hosts keep memory in v1 while a cgroup2

@@ -15,28 +15,53 @@ from .parsers import parse_status
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
     from .._types import Report, WarningEntry
+
+    T = TypeVar("T")
 
 __all__ = ["probe_system"]
 
 
+def _read_lines(
+    root: Root,
+    path: str,
+    parse: Callable[[str], tuple[list[T], int]],
+    *,
+    lost: str,
+    shape: str,
+    warnings: list[WarningEntry],
+) -> list[T]:
+    """Read and parse a line-oriented file; failures and bad lines become warnings."""
+    text = root.read(path)
+    if isinstance(text, Failure):
+        warn_failure(warnings, text, lost)
+        return []
+    items, bad = parse(text)
+    if bad:
+        add_warning(warnings, "malformed", f"{path}: {bad} line(s) {shape}")
+    return items
+
+
 def _read_layout(root: Root, warnings: list[WarningEntry]) -> tuple[list[CgroupEntry], list[Mount]]:
-    entries: list[CgroupEntry] = []
-    mounts: list[Mount] = []
-    text = root.read("/proc/self/cgroup")
-    if isinstance(text, Failure):
-        warn_failure(warnings, text, "cgroup limits cannot be found")
-    else:
-        entries, bad = parse_proc_cgroup(text)
-        if bad:
-            add_warning(warnings, "malformed", f"/proc/self/cgroup: {bad} line(s) not of the form id:controllers:/path")
-    text = root.read("/proc/self/mountinfo")
-    if isinstance(text, Failure):
-        warn_failure(warnings, text, "cgroup mounts cannot be found")
-    else:
-        mounts, bad = parse_mountinfo(text)
-        if bad:
-            add_warning(warnings, "malformed", f"/proc/self/mountinfo: {bad} line(s) could not be parsed")
+    entries = _read_lines(
+        root,
+        "/proc/self/cgroup",
+        parse_proc_cgroup,
+        lost="cgroup limits cannot be found",
+        shape="not of the form id:controllers:/path",
+        warnings=warnings,
+    )
+    mounts = _read_lines(
+        root,
+        "/proc/self/mountinfo",
+        parse_mountinfo,
+        lost="cgroup mounts cannot be found",
+        shape="could not be parsed",
+        warnings=warnings,
+    )
     return entries, mounts
 
 

@@ -6,8 +6,6 @@ Each function quotes the format it reads. Values the kernel would never write
 
 from __future__ import annotations
 
-import math
-
 KB = 1024
 LONG_MAX = (1 << 63) - 1
 # cgroup v1 shows "no limit" as LONG_MAX rounded down to the page size:
@@ -114,7 +112,7 @@ def parse_pressure(text: str) -> dict[str, dict[str, float]]:
                 f = float(val)
             except ValueError:
                 continue
-            if math.isfinite(f) and f >= 0:
+            if f - f == 0.0 and f >= 0:  # finite (inf - inf and nan - nan are nan), not negative
                 values[key] = f
         if values:
             out[parts[0]] = values

@@ -34,13 +34,18 @@ class _Reader:
     def __init__(self, root: Root, warnings: list[WarningEntry]) -> None:
         self.root = root
         self.warnings = warnings
+        self._cache: dict[str, str | None] = {}  # each file is read once per probe
 
-    def text(self, path: str, *, warn_missing: bool = False) -> str | None:
+    def text(self, path: str) -> str | None:
+        if path in self._cache:
+            return self._cache[path]
         t = self.root.read(path)
         if isinstance(t, Failure):
-            if t.kind != "missing" or warn_missing:
+            if t.kind != "missing":
                 warn_failure(self.warnings, t, "its value is ignored")
+            self._cache[path] = None
             return None
+        self._cache[path] = t
         return t
 
     def limit(self, path: str) -> tuple[str, int | None]:

@@ -1,0 +1,145 @@
+"""Every parser takes any text without raising, and reads the documented shapes right."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomguard.probes import parsers
+from oomguard.probes.mounts import parse_mountinfo, parse_mountinfo_line, parse_proc_cgroup, unescape_octal
+from oomguard.root import parse_environ
+
+# Text shaped like the kernel's files hits the interesting branches more often than random text.
+kernelish = st.text(alphabet=st.sampled_from(list("0123456789 -:/,=.\n\tabcdefmxkBslu\\")), max_size=300)
+any_text = st.one_of(st.text(), kernelish)
+
+TEXT_PARSERS = [
+    parsers.parse_limit,
+    parsers.parse_int_file,
+    parsers.parse_flat_keyed,
+    parsers.parse_meminfo,
+    parsers.parse_pressure,
+    parsers.parse_cpu_max,
+    parsers.parse_cpu_list,
+    parsers.parse_proc_limits,
+    parsers.parse_status,
+    parse_mountinfo,
+    parse_mountinfo_line,
+    parse_proc_cgroup,
+    unescape_octal,
+    parse_environ,
+]
+
+
+@given(any_text)
+def test_no_parser_raises(text: str) -> None:
+    for parse in TEXT_PARSERS:
+        parse(text)  # type: ignore[operator]
+    parsers.parse_cfs(text, text)
+    parsers.has_capability({"CapEff": text}, parsers.CAP_IPC_LOCK)
+    parsers.status_kb({"VmLck": text}, "VmLck")
+
+
+@given(any_text)
+def test_parsed_sizes_are_never_negative(text: str) -> None:
+    status, n = parsers.parse_limit(text)
+    assert (status == parsers.VALUE) == (n is not None)
+    assert n is None or n >= 0
+    assert all(v >= 0 for v in parsers.parse_meminfo(text).values())
+    assert all(v >= 0 for v in parsers.parse_flat_keyed(text).values())
+    count = parsers.parse_cpu_list(text)
+    assert count is None or count > 0
+
+
+def test_limit_values() -> None:
+    assert parsers.parse_limit("max\n") == ("unlimited", None)
+    assert parsers.parse_limit("536870912\n") == ("value", 536870912)
+    assert parsers.parse_limit("9223372036854771712\n") == ("unlimited", None)  # 4K pages
+    assert parsers.parse_limit("9223372036854710272") == ("unlimited", None)  # 64K pages
+    assert parsers.parse_limit("-1") == ("unlimited", None)
+    assert parsers.parse_limit("0") == ("value", 0)
+    assert parsers.parse_limit("lots")[0] == "malformed"
+    assert parsers.parse_limit("-5")[0] == "malformed"
+    assert parsers.parse_limit("")[0] == "malformed"
+
+
+def test_meminfo() -> None:
+    text = "MemTotal:       24684092 kB\nMemAvailable:   24381748 kB\nHugePages_Total:       0\nBad line\n"
+    info = parsers.parse_meminfo(text)
+    assert info == {"MemTotal": 24684092 * 1024, "MemAvailable": 24381748 * 1024, "HugePages_Total": 0}
+
+
+def test_pressure() -> None:
+    text = "some avg10=1.50 avg60=0.00 avg300=0.00 total=3508\nfull avg10=0.00 avg60=0.00 avg300=nan total=3032\n"
+    psi = parsers.parse_pressure(text)
+    assert psi["some"] == {"avg10": 1.5, "avg60": 0.0, "avg300": 0.0, "total": 3508.0}
+    assert "avg300" not in psi["full"]  # NaN is not trusted
+
+
+def test_cpu() -> None:
+    assert parsers.parse_cpu_max("max 100000") == ("unlimited", None)
+    assert parsers.parse_cpu_max("150000 100000") == ("value", 1.5)
+    assert parsers.parse_cpu_max("150000 0")[0] == "malformed"
+    assert parsers.parse_cfs("-1", "100000") == ("unlimited", None)
+    assert parsers.parse_cfs("200000", "100000") == ("value", 2.0)
+    assert parsers.parse_cpu_list("0-3,8,10-11\n") == 7
+    assert parsers.parse_cpu_list("") is None
+    assert parsers.parse_cpu_list("3-1") is None
+    assert parsers.parse_cpu_list("0-99999999999") is None
+
+
+def test_proc_limits() -> None:
+    text = (
+        "Limit                     Soft Limit           Hard Limit           Units     \n"
+        "Max cpu time              unlimited            unlimited            seconds   \n"
+        "Max locked memory         8388608              8388608              bytes     \n"
+        "Max nice priority         0                    0                    \n"
+        "Max address space         unlimited            17179869184          bytes     \n"
+    )
+    limits = parsers.parse_proc_limits(text)
+    assert limits["Max locked memory"] == (8388608, 8388608)
+    assert limits["Max cpu time"] == (None, None)
+    assert limits["Max nice priority"] == (0, 0)
+    assert limits["Max address space"] == (None, 17179869184)
+
+
+def test_status_and_caps() -> None:
+    status = parsers.parse_status("CapEff:\t000001fffeffffff\nVmLck:\t     128 kB\nCpus_allowed_list:\t0-1\n")
+    assert parsers.has_capability(status, parsers.CAP_IPC_LOCK) is True
+    assert parsers.has_capability({"CapEff": "0000000000000000"}, parsers.CAP_IPC_LOCK) is False
+    assert parsers.has_capability({}, parsers.CAP_IPC_LOCK) is None
+    assert parsers.status_kb(status, "VmLck") == 128 * 1024
+
+
+def test_mountinfo_shapes() -> None:
+    text = (
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+        "465 34 253:0 / / rw,relatime shared:409 master:1 - xfs /dev/mapper/fedora-root rw,seclabel\n"
+        "1391 1160 0:151 / /Docker/host rw,noatime - 9p C:\\134Program\\040Files\\134Docker "
+        "rw,dirsync,aname=drvfs;path=C:\\Program Files\\Docker;symlinkroot=/mnt/\n"
+        "99 1 0:5 /a\\040b /mnt/with\\040space rw - ext4 /dev/x rw\n"
+        "not a mount line\n"
+    )
+    mounts, bad = parse_mountinfo(text)
+    assert bad == 1
+    assert [m.mount_point for m in mounts] == ["/sys/fs/cgroup/memory", "/", "/Docker/host", "/mnt/with space"]
+    assert mounts[0].fstype == "cgroup" and "memory" in mounts[0].options()
+    assert mounts[1].fstype == "xfs"
+    assert mounts[2].source == "C:\\Program Files\\Docker"
+    assert "path=C:\\Program Files\\Docker" in mounts[2].super_options
+    assert mounts[3].root == "/a b"
+
+
+def test_proc_cgroup_colons() -> None:
+    path = "/kubepods-burstable-podf65e.slice:cri-containerd:86ac6260"
+    entries, bad = parse_proc_cgroup(f"11:memory:{path}\n2:cpu,cpuacct:/\n0::/\ngarbage\n")
+    assert bad == 1
+    assert entries[0].path == path and entries[0].controllers == ["memory"]
+    assert entries[1].controllers == ["cpu", "cpuacct"]
+    assert entries[2].hierarchy_id == "0" and entries[2].controllers == []
+
+
+def test_unescape_octal() -> None:
+    assert unescape_octal("a\\040b\\011c\\012d\\134e") == "a b\tc\nd\\e"
+    assert unescape_octal("trailing\\04") == "trailing\\04"
+    assert unescape_octal("\\999") == "\\999"
