@@ -35,6 +35,7 @@ $(VENV)/.installed-bench: $(STAMP)
 bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/limits_vs_peers.py
+	$(BIN)/python bench/reserve.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -15,12 +15,12 @@ from .conftest import FIXTURES, run_oomguard
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
-def make_tree(tmp: Path, limit: str = "536870912", env: str = "") -> Path:
+def make_tree(tmp: Path, limit: str = "536870912", env: str = "", mem_total_kb: int = 16318412) -> Path:
     """A minimal Docker-on-v2 tree (private cgroupns) with memory.max = *limit*."""
     files = {
         "proc/self/cgroup": "0::/\n",
         "proc/self/mountinfo": "1310 1301 0:27 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw,nsdelegate\n",
-        "proc/meminfo": "MemTotal:       16318412 kB\nMemAvailable:   12000000 kB\n",
+        "proc/meminfo": f"MemTotal:       {mem_total_kb} kB\nMemAvailable:   {mem_total_kb // 2} kB\n",
         "proc/self/environ": env,
         "proc/self/status": "Name:\tpython3\nCapEff:\t00000000a80425fb\nVmLck:\t       0 kB\n",
         "proc/self/limits": "Limit  Soft Limit  Hard Limit  Units\nMax locked memory  unlimited  unlimited  bytes\n",

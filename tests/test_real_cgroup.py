@@ -150,3 +150,45 @@ def test_capture_in_group_replays_the_same_limit(group: Group, tmp_path: Path) -
         environ = tar.extractfile("proc/self/environ").read().decode()  # type: ignore[union-attr]
     assert "OOMGUARD_BUDGET=600MiB" in environ
     assert "SECRET_TOKEN" not in environ  # snapshots carry only the variables oomguard reads
+
+
+def verify_in(g: Group, *args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = g.run(sys.executable, "-m", "oomguard", "verify", "--json", "--hold", "0.5", *args, env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_verify_delivers_the_auto_budget(group: Group) -> None:
+    group.set_limit(768 * MiB)
+    rc, out = verify_in(group)
+    assert rc == 0, out
+    assert out["delivered"] is True
+    assert out["target_bytes"] == out["touched_bytes"] == 512 * MiB  # 768 MiB - 256 MiB margin
+    assert out["oom_kills"] == 0
+    assert all(c["outcome"] == "ok" for c in out["children"])
+    assert out["peak_rss_bytes"] >= 512 * MiB
+    assert out["fault_in_bytes_per_second"] > 0
+
+
+def test_verify_catches_a_budget_sized_from_memtotal(group: Group) -> None:
+    """The outage: a budget far above the container limit. verify sees the OOM kill and exits 4."""
+    group.set_limit(512 * MiB)
+    if VERSION == 1 and (group.dir / "memory.memsw.limit_in_bytes").exists():
+        group.write("memory.memsw.limit_in_bytes", str(512 * MiB))
+    rc, out = verify_in(group, "--budget", "2GiB")
+    assert rc == 4, out  # the verify process itself survived to say so
+    assert out["delivered"] is False
+    assert out["oom_kills"] >= 1
+    assert "oom-kill" in {c["outcome"] for c in out["children"]}
+    assert any(w["code"] == "budget-exceeds-limit" for w in out["warnings"])
+
+
+def test_verify_a_plan_and_a_fraction(group: Group) -> None:
+    group.set_limit(GiB)
+    rc, out = verify_in(group, "--per-job", "128MiB", "--baseline", "64MiB", "--fraction", "0.5")
+    assert rc == 0, out
+    # budget 768 MiB: (768 - 64) / 128 = 5 jobs; half of 64 + 5 x 128 MiB
+    assert out["plan"]["concurrency"] == 5
+    assert len(out["children"]) == 6
+    assert out["target_bytes"] == (64 + 5 * 128) * MiB // 2

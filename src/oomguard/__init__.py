@@ -13,15 +13,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LiveRoot",
+    "MemoryBudget",
     "OomguardError",
     "Report",
+    "Reservation",
+    "ReservationTooLarge",
     "Root",
+    "Shape",
     "SnapshotError",
     "ThresholdError",
     "UsageError",
     "__version__",
     "capture",
     "format_size",
+    "make_plan",
     "open_root",
     "parse_size",
     "probe",
@@ -31,6 +36,11 @@ __all__ = [
 
 _LAZY = {
     "probe": "api",
+    "MemoryBudget": "reserve",
+    "Reservation": "reserve",
+    "ReservationTooLarge": "reserve",
+    "Shape": "plan",
+    "make_plan": "plan",
     "resolve_budget": "budget",
     "Report": "_types",
     "Root": "root",
@@ -52,7 +62,9 @@ if TYPE_CHECKING:
     from .api import probe
     from .budget import resolve_budget
     from .errors import OomguardError, SnapshotError, ThresholdError, UsageError
+    from .plan import Shape, make_plan
     from .render import to_json
+    from .reserve import MemoryBudget, Reservation, ReservationTooLarge
     from .root import LiveRoot, Root, open_root
     from .snapshot import capture
     from .units import format_size, parse_size

@@ -14,7 +14,8 @@ from .errors import EXIT_USAGE, OomguardError
 EXIT_CODES = """exit codes:
   0   ok (check still exits 0 when it has warnings)
   2   usage or input error: bad flag, size or variable; missing or corrupt snapshot
-  3   a threshold was not met (--require)
+  3   a threshold was not met (--require, --require-jobs)
+  4   verification failed (verify: an OOM kill or a failed allocation)
   130 interrupted"""
 
 BUDGET_OPTIONS = [
@@ -51,7 +52,48 @@ CAPTURE = Command(
     max_positionals=1,
 )
 
-COMMANDS = {c.name: c for c in (CHECK, CAPTURE)}
+SHAPE_OPTIONS = [
+    Option("--profile", "job shape from a profile (built in: see --list-profiles); flags override its fields", "NAME"),
+    Option("--profiles", "also load profiles from FILE (JSON, or TOML on Python >= 3.11)", "FILE"),
+    Option("--per-job", "host RAM each job needs at its peak", "SIZE"),
+    Option("--baseline", "resident memory shared by all jobs (caches, parameters)", "SIZE"),
+    Option("--pinned-per-job", "page-locked host memory per job (checked against RLIMIT_MEMLOCK)", "SIZE"),
+    Option("--pinned-baseline", "page-locked memory held once, outside the jobs", "SIZE"),
+    Option("--gpu-per-job", "device memory per job on each visible GPU (needs GPU data)", "SIZE"),
+    Option("--max-jobs", "never more than N jobs", "N"),
+    Option("--cpus-per-job", "CPUs each job needs (no CPU constraint without it)", "N"),
+]
+
+PLAN = Command(
+    "plan",
+    "How many jobs of a shape fit in the budget, which constraint binds, and the headroom left.",
+    "[--json] (--per-job SIZE | --profile NAME) [shape options] [budget options] [--require-jobs N]",
+    [
+        Option("--json", "print one JSON object"),
+        *SHAPE_OPTIONS,
+        Option("--list-profiles", "list the profiles (built in and --profiles) and exit"),
+        Option("--require-jobs", "exit 3 when fewer than N jobs fit", "N"),
+        *BUDGET_OPTIONS,
+    ],
+    epilog="concurrency = min over memory, memlock, gpu, max_jobs, cpu (ties: that order).\n" + EXIT_CODES,
+)
+
+VERIFY = Command(
+    "verify",
+    "Prove the machine delivers the plan: allocate and touch baseline + jobs x per-job memory "
+    "(or the whole budget) in child processes, hold it, and report peak, fault-in speed and OOM kills.",
+    "[--json] [shape options] [budget options] [--fraction F] [--hold SECONDS]",
+    [
+        Option("--json", "print one JSON object"),
+        *SHAPE_OPTIONS,
+        Option("--fraction", "verify only this part of the target, 0 < F <= 1 (default 1)", "F"),
+        Option("--hold", "seconds to hold the memory once touched (default 3)", "SECONDS"),
+        *BUDGET_OPTIONS,
+    ],
+    epilog="Exit 0 when the memory was delivered, 4 when not (an OOM kill or a failed allocation).\n" + EXIT_CODES,
+)
+
+COMMANDS = {c.name: c for c in (CHECK, PLAN, VERIFY, CAPTURE)}
 
 MAIN_HELP = f"""usage: oomguard COMMAND [OPTIONS]
 
@@ -123,7 +165,11 @@ def run(argv: list[str]) -> int:
         return 0
     if command is CHECK:
         return _check(values)
-    return _capture(values, positionals)
+    if command is CAPTURE:
+        return _capture(values, positionals)
+    from . import plan_cli
+
+    return plan_cli.plan_command(values) if command is PLAN else plan_cli.verify_command(values)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_USAGE = 2  # bad flag, bad size, missing or corrupt snapshot
 EXIT_THRESHOLD = 3  # a --require style threshold was not met
+EXIT_VERIFY_FAILED = 4  # verify: the machine did not deliver the memory
 
 
 class OomguardError(Exception):

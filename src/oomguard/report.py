@@ -37,6 +37,9 @@ WARNING_CODES: dict[str, str] = {
     "budget-exceeds-soft-limit": "The explicit budget is above the soft limit (memory.high), "
     "where the kernel throttles and reclaims.",
     "budget-unknown": "No budget could be computed because the memory ceiling is unknown.",
+    "gpu-not-probed": "plan: --gpu-per-job was given but the report has no GPU data; the GPU constraint is ignored.",
+    "pinned-counts-against-limit": "plan: the jobs pin host memory; page-locked memory is charged to the "
+    "memory cgroup like any other, so it must be part of each job's --per-job size.",
 }
 
 MEMLOCK_LOW_BYTES = 64 * 1024 * 1024

@@ -311,3 +311,19 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
     if mem["host_available_bytes"] is not None:
         candidates.append(mem["host_available_bytes"])
     mem["available_bytes"] = min(candidates) if candidates else None
+
+
+def read_oom_kills(root: Root, source: str | None) -> int | None:
+    """The ``oom_kill`` counter of ``memory.events`` / ``memory.oom_control`` (a report's ``memory.oom.source``)."""
+    if source is None:
+        return None
+    text = root.read(source)
+    return None if isinstance(text, Failure) else parse_flat_keyed(text).get("oom_kill")
+
+
+def read_usage(root: Root, cgroup_dir: str | None, version: int | None) -> int | None:
+    """Current usage of a memory cgroup directory, or None."""
+    if cgroup_dir is None or version is None:
+        return None
+    text = root.read(cgroup_dir + ("/memory.current" if version == 2 else "/memory.usage_in_bytes"))
+    return None if isinstance(text, Failure) else parse_int_file(text)

@@ -1,0 +1,44 @@
+"""Child process of ``oomguard verify``: allocate and touch N bytes, report, hold until told.
+
+Protocol: ``python -m oomguard._alloc NBYTES``. The child raises its own oom_score_adj
+to 1000 (so the OOM killer picks it, not the caller), maps NBYTES of anonymous memory,
+writes every page, prints one JSON line ``{"touched": N, "seconds": S}`` (or
+``{"error": "..."}`` and exit 3), then holds the memory until its stdin closes.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import sys
+import time
+
+CHUNK = 16 * 1024 * 1024
+EXIT_ALLOC_FAILED = 3
+
+
+def main(argv: list[str]) -> int:
+    n = int(argv[0])
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    start = time.perf_counter()
+    try:
+        m = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf = b"\xa5" * min(CHUNK, n)
+        for off in range(0, n, CHUNK):
+            end = min(off + CHUNK, n)
+            m[off:end] = buf[: end - off]
+    except (OSError, MemoryError, ValueError, OverflowError) as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return EXIT_ALLOC_FAILED
+    print(json.dumps({"touched": n, "seconds": time.perf_counter() - start}), flush=True)
+    sys.stdin.read()  # hold until the parent closes our stdin
+    m.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

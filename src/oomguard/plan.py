@@ -1,0 +1,166 @@
+"""How many jobs fit: the planner (pure arithmetic over a report and a job shape).
+
+capacity per constraint (null when the constraint does not apply):
+- memory:   floor((budget - baseline) / per_job), 0 when the baseline alone does not fit
+- memlock:  floor((memlock soft limit - pinned baseline) / pinned_per_job), only with
+            --pinned-per-job, and not when CAP_IPC_LOCK is held or the limit is unlimited
+- gpu:      device memory per job on each visible GPU (applies once the GPU probe exists)
+- max_jobs: the cap given
+- cpu:      floor(effective CPUs / cpus_per_job), only with --cpus-per-job
+concurrency = the smallest capacity; binding = the constraint that gives it (on a tie,
+the first in the order above).
+"""
+
+from __future__ import annotations
+
+from .errors import UsageError
+from .report import add_warning
+from .units import format_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._types import Report, WarningEntry
+
+CONSTRAINTS = ("memory", "memlock", "gpu", "max_jobs", "cpu")
+SHAPE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job", "max_jobs", "cpus_per_job")
+
+
+class Shape:
+    """A job shape: sizes in bytes; None where not given."""
+
+    __slots__ = (*SHAPE_FIELDS, "profile", "released_at_gpu")
+
+    def __init__(
+        self,
+        per_job: int,
+        baseline: int = 0,
+        *,
+        pinned_per_job: int | None = None,
+        pinned_baseline: int = 0,
+        gpu_per_job: int | None = None,
+        max_jobs: int | None = None,
+        cpus_per_job: float | None = None,
+        profile: str | None = None,
+        released_at_gpu: int | None = None,
+    ) -> None:
+        if per_job <= 0:
+            raise UsageError("plan: --per-job must be above 0")
+        if max_jobs is not None and max_jobs < 0:
+            raise UsageError("plan: --max-jobs must not be negative")
+        if cpus_per_job is not None and not cpus_per_job > 0:
+            raise UsageError("plan: --cpus-per-job must be above 0")
+        if pinned_per_job is not None and pinned_per_job <= 0:
+            raise UsageError("plan: --pinned-per-job must be above 0")
+        if gpu_per_job is not None and gpu_per_job <= 0:
+            raise UsageError("plan: --gpu-per-job must be above 0")
+        self.per_job = per_job
+        self.baseline = baseline
+        self.pinned_per_job = pinned_per_job
+        self.pinned_baseline = pinned_baseline
+        self.gpu_per_job = gpu_per_job
+        self.max_jobs = max_jobs
+        self.cpus_per_job = cpus_per_job
+        self.profile = profile
+        self.released_at_gpu = released_at_gpu
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"profile": self.profile}
+        for name in SHAPE_FIELDS:
+            value = getattr(self, name)
+            key = name if name in ("max_jobs", "cpus_per_job") else name + "_bytes"
+            out[key] = value
+        return out
+
+
+def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
+    if shape.pinned_per_job is None:
+        return None
+    ml = report["memlock"]
+    if ml["cap_ipc_lock"]:
+        return None
+    if not ml["known"]:
+        add_warning(warnings, "memlock-unknown", "RLIMIT_MEMLOCK is unknown: the pinned-memory need was not checked")
+        return None
+    soft = ml["soft_bytes"]
+    if soft is None:
+        return None
+    return max(0, (soft - shape.pinned_baseline) // shape.pinned_per_job)
+
+
+def _gpu_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
+    if shape.gpu_per_job is None:
+        return None
+    gpus = report.get("gpus")
+    if not isinstance(gpus, list):
+        add_warning(warnings, "gpu-not-probed", "--gpu-per-job is ignored: this version has no GPU probe")
+        return None
+    total = 0
+    for gpu in gpus:
+        free = gpu.get("memory_free_bytes") if isinstance(gpu, dict) else None
+        if isinstance(free, int):
+            total += free // shape.gpu_per_job
+    return total
+
+
+def make_plan(report: Report, shape: Shape) -> dict[str, object]:
+    """The plan for *shape* under the report's budget; warnings go into the report."""
+    warnings = report["warnings"]
+    budget = report["budget"]["bytes"]
+    capacity: dict[str, int | None] = dict.fromkeys(CONSTRAINTS)
+    capacity["memory"] = 0 if budget is None or budget < shape.baseline else (budget - shape.baseline) // shape.per_job
+    capacity["memlock"] = _memlock_capacity(report, shape, warnings)
+    capacity["gpu"] = _gpu_capacity(report, shape, warnings)
+    capacity["max_jobs"] = shape.max_jobs
+    cpus = report["cpu"]["effective_cpus"]
+    if shape.cpus_per_job is not None and cpus is not None:
+        capacity["cpu"] = int(cpus / shape.cpus_per_job + 1e-9)
+    concurrency, binding = _smallest(capacity)
+    headroom = None if budget is None else budget - shape.baseline - concurrency * shape.per_job
+    if shape.pinned_per_job is not None and concurrency:
+        add_warning(
+            warnings,
+            "pinned-counts-against-limit",
+            f"{concurrency} jobs pin {format_size(concurrency * shape.pinned_per_job)}: page-locked "
+            "memory is charged to the memory cgroup like any other and is part of each job's size",
+        )
+    return {
+        "concurrency": concurrency,
+        "binding": binding,
+        "capacity": capacity,
+        "headroom_bytes": headroom,
+        "explanation": explain(report, shape, concurrency, binding, capacity),
+        "shape": shape.to_dict(),
+    }
+
+
+def _smallest(capacity: dict[str, int | None]) -> tuple[int, str]:
+    best_n, best_name = capacity["memory"] or 0, "memory"
+    for name in CONSTRAINTS[1:]:
+        n = capacity[name]
+        if n is not None and n < best_n:
+            best_n, best_name = n, name
+    return best_n, best_name
+
+
+def explain(report: Report, shape: Shape, n: int, binding: str, capacity: dict[str, int | None]) -> str:
+    jobs = f"{n} job{'s' if n != 1 else ''}"
+    b = report["budget"]["bytes"]
+    if binding == "memory":
+        if b is None:
+            return f"{jobs}: the budget is unknown"
+        base = f" - {format_size(shape.baseline)} baseline" if shape.baseline else ""
+        inner = f"({format_size(b)} budget{base})" if base else f"{format_size(b)} budget"
+        return f"{jobs}, memory binds: {inner} / {format_size(shape.per_job)} per job"
+    if binding == "memlock":
+        soft = report["memlock"]["soft_bytes"]
+        pinned = f" - {format_size(shape.pinned_baseline)} pinned baseline" if shape.pinned_baseline else ""
+        return (
+            f"{jobs}, memlock binds: ({format_size(soft)} RLIMIT_MEMLOCK{pinned}) / "
+            f"{format_size(shape.pinned_per_job)} pinned per job (no CAP_IPC_LOCK)"
+        )
+    if binding == "gpu":
+        return f"{jobs}, gpu binds: {format_size(shape.gpu_per_job)} of device memory per job"
+    if binding == "max_jobs":
+        return f"{jobs}, max_jobs binds: capped at {shape.max_jobs} (memory would fit {capacity['memory']})"
+    cpus = report["cpu"]["effective_cpus"]
+    return f"{jobs}, cpu binds: {cpus:g} CPUs / {shape.cpus_per_job:g} per job"

@@ -1,0 +1,220 @@
+"""The planner: arithmetic, binding constraints, profiles, and the plan command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomguard import Shape, make_plan
+from oomguard.errors import UsageError
+from oomguard.profiles import load_profiles, profile_values
+
+from .conftest import run_oomguard
+from .test_cli import make_tree
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def report_with(
+    budget: int | None,
+    *,
+    memlock: int | None = 8 * MiB,
+    cap: bool = False,
+    cpus: float | None = 16.0,
+    known: bool = True,
+) -> dict[str, Any]:
+    """The parts of a report the planner reads."""
+    return {
+        "budget": {"bytes": budget, "source": "explicit"},
+        "memory": {"effective_bytes": budget, "limited_by": "cgroup-v2"},
+        "memlock": {"known": known, "soft_bytes": memlock, "cap_ipc_lock": cap},
+        "cpu": {"effective_cpus": cpus},
+        "warnings": [],
+    }
+
+
+def plan(report: dict[str, Any], shape: Shape) -> dict[str, Any]:
+    return make_plan(report, shape)  # type: ignore[arg-type]
+
+
+def test_the_prover_example() -> None:
+    p = plan(report_with(332 * GiB), Shape(14 * GiB, 70 * GiB, max_jobs=18))
+    assert p["concurrency"] == 18
+    assert p["binding"] == "memory"  # a tie with max_jobs: memory comes first
+    assert p["capacity"] == {"memory": 18, "memlock": None, "gpu": None, "max_jobs": 18, "cpu": None}
+    assert p["headroom_bytes"] == 332 * GiB - 70 * GiB - 18 * 14 * GiB
+    assert p["explanation"] == "18 jobs, memory binds: (332 GiB budget - 70 GiB baseline) / 14 GiB per job"
+
+
+def test_where_the_old_rule_overcommits() -> None:
+    # CuZK's workers = max(2, min(budget / 14 GiB, 18)) says 2 for 20 GiB and 6 for 90 GiB.
+    assert plan(report_with(20 * GiB), Shape(14 * GiB, max_jobs=18))["concurrency"] == 1
+    assert plan(report_with(90 * GiB), Shape(14 * GiB, 70 * GiB, max_jobs=18))["concurrency"] == 1
+    assert plan(report_with(100 * GiB), Shape(14 * GiB, 70 * GiB, max_jobs=18))["concurrency"] == 2
+
+
+def test_nothing_fits() -> None:
+    p = plan(report_with(64 * GiB), Shape(14 * GiB, 70 * GiB))
+    assert (p["concurrency"], p["binding"]) == (0, "memory")
+    assert p["headroom_bytes"] == -6 * GiB
+    p = plan(report_with(None), Shape(GiB))
+    assert p["concurrency"] == 0 and p["explanation"] == "0 jobs: the budget is unknown"
+
+
+def test_max_jobs_binds() -> None:
+    p = plan(report_with(1000 * GiB), Shape(GiB, max_jobs=4))
+    assert (p["concurrency"], p["binding"]) == (4, "max_jobs")
+    assert p["explanation"] == "4 jobs, max_jobs binds: capped at 4 (memory would fit 1000)"
+
+
+def test_memlock_binds_without_cap_ipc_lock() -> None:
+    report = report_with(100 * GiB, memlock=64 * MiB)
+    p = plan(report, Shape(GiB, pinned_per_job=16 * MiB))
+    assert (p["concurrency"], p["binding"]) == (4, "memlock")
+    assert "pinned-counts-against-limit" in {w["code"] for w in report["warnings"]}
+    # CAP_IPC_LOCK lifts the limit; an unlimited soft limit never binds.
+    assert (
+        plan(report_with(100 * GiB, memlock=64 * MiB, cap=True), Shape(GiB, pinned_per_job=16 * MiB))["binding"]
+        == "memory"
+    )
+    assert (
+        plan(report_with(100 * GiB, memlock=None), Shape(GiB, pinned_per_job=16 * MiB))["capacity"]["memlock"] is None
+    )
+    unknown = report_with(100 * GiB, known=False, memlock=None)
+    plan(unknown, Shape(GiB, pinned_per_job=16 * MiB))
+    assert "memlock-unknown" in {w["code"] for w in unknown["warnings"]}
+
+
+def test_cpu_binds() -> None:
+    p = plan(report_with(100 * GiB, cpus=2.5), Shape(GiB, cpus_per_job=0.5))
+    assert (p["concurrency"], p["binding"]) == (5, "cpu")
+    assert plan(report_with(100 * GiB, cpus=2.0), Shape(GiB))["capacity"]["cpu"] is None
+
+
+def test_gpu_is_ignored_without_gpu_data() -> None:
+    report = report_with(100 * GiB)
+    p = plan(report, Shape(GiB, gpu_per_job=GiB))
+    assert p["capacity"]["gpu"] is None
+    assert [w["code"] for w in report["warnings"]] == ["gpu-not-probed"]
+    report["gpus"] = [{"memory_free_bytes": 80 * GiB}, {"memory_free_bytes": 20 * GiB}]
+    assert plan(report, Shape(GiB, gpu_per_job=10 * GiB))["capacity"]["gpu"] == 10
+
+
+sizes = st.integers(min_value=1, max_value=2**44)
+
+
+@given(budget=st.integers(min_value=0, max_value=2**46), per_job=sizes, baseline=st.integers(0, 2**44))
+def test_never_more_than_fits(budget: int, per_job: int, baseline: int) -> None:
+    p = plan(report_with(budget), Shape(per_job, baseline))
+    n = p["concurrency"]
+    assert n >= 0
+    if n:
+        assert baseline + n * per_job <= budget
+    assert baseline + (n + 1) * per_job > budget  # one more would not fit
+    if per_job + baseline > budget:
+        assert n == 0
+
+
+@given(
+    a=st.integers(0, 2**46),
+    b=st.integers(0, 2**46),
+    per_job=sizes,
+    baseline=st.integers(0, 2**44),
+    max_jobs=st.none() | st.integers(0, 64),
+)
+def test_monotonic_in_the_budget(a: int, b: int, per_job: int, baseline: int, max_jobs: int | None) -> None:
+    lo, hi = sorted((a, b))
+    shape = Shape(per_job, baseline, max_jobs=max_jobs)
+    assert plan(report_with(lo), shape)["concurrency"] <= plan(report_with(hi), shape)["concurrency"]
+
+
+def test_builtin_profiles_carry_the_provers_numbers() -> None:
+    profiles = {name: profile_values(name, p) for name, p in load_profiles().items()}
+    assert profiles["porep-c2-32g"] == {
+        "per_job": 14 * GiB,
+        "released_at_gpu": 13 * GiB,
+        "baseline": 70 * GiB,
+        "max_jobs": 18,
+    }
+    assert profiles["window-post"]["baseline"] == 83 * GiB
+    assert profiles["snapdeals"]["per_job"] == 9 * GiB and profiles["snapdeals"]["baseline"] == 50 * GiB
+    assert profiles["winning-post"]["per_job"] == 512 * MiB
+    for name, p in load_profiles().items():
+        assert "Curio PR #1043" in str(p["source"]), name  # every number has its source
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--per-job", "0"], "plan: --per-job must be above 0"),
+        (["--per-job", "-1G"], "plan: --per-job needs a value"),
+        (["--per-job=-1G"], "--per-job: invalid size '-1G'"),
+        (["--profile", "nope"], "--profile: unknown profile 'nope'"),
+        (["--baseline", "1G"], "plan: give --per-job SIZE or --profile NAME"),
+        (["--per-job", "1G", "--max-jobs", "x"], "--max-jobs: expected a whole number, got 'x'"),
+        (["--per-job", "1G", "--cpus-per-job", "0"], "--cpus-per-job: must be a number above 0"),
+        (["--per-job", "1G", "--require-jobs", "-2"], "plan: --require-jobs needs a value"),
+    ],
+)
+def test_invalid_shapes_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run_oomguard("plan", "--root", str(make_tree(tmp_path)), *args)
+    assert proc.returncode == 2, proc
+    assert proc.stderr == f"oomguard: error: {message}" + proc.stderr[len("oomguard: error: ") + len(message) :]
+    assert proc.stderr.startswith(f"oomguard: error: {message}") and proc.stderr.count("\n") == 1
+
+
+def test_plan_command_json_and_require_jobs(tmp_path: Path) -> None:
+    tree = str(make_tree(tmp_path, limit=str(10 * GiB), mem_total_kb=512 * 1024**2))
+    proc = run_oomguard("plan", "--json", "--root", tree, "--per-job", "1GiB", "--baseline", "2GiB")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    # 10 GiB limit - 1 GiB margin = 9 GiB budget; (9 - 2) / 1 = 7 jobs
+    assert out["concurrency"] == 7 and out["binding"] == "memory" and out["headroom_bytes"] == 0
+    assert out["report"]["budget"]["bytes"] == 9 * GiB
+    assert out["shape"]["per_job_bytes"] == GiB
+    short = run_oomguard("plan", "--root", tree, "--per-job", "1GiB", "--require-jobs", "10")
+    assert short.returncode == 3 and short.stderr == "oomguard: error: --require-jobs: 9 jobs fit, 10 required\n"
+    assert short.stdout.startswith("oomguard plan: 9 jobs, memory binds: 9 GiB budget / 1 GiB per job")
+    assert run_oomguard("plan", "--root", tree, "--per-job", "1GiB", "--require-jobs", "9").returncode == 0
+
+
+def test_profile_flags_override_and_user_files(tmp_path: Path) -> None:
+    tree = str(make_tree(tmp_path, limit=str(400 * GiB), mem_total_kb=512 * 1024**2))
+    proc = run_oomguard("plan", "--json", "--root", tree, "--profile", "porep-c2-32g", "--max-jobs", "4")
+    out = json.loads(proc.stdout)
+    assert out["shape"]["profile"] == "porep-c2-32g" and out["shape"]["baseline_bytes"] == 70 * GiB
+    assert (out["concurrency"], out["binding"]) == (4, "max_jobs")
+    user_json = tmp_path / "p.json"
+    user_json.write_text(json.dumps({"profiles": {"mine": {"per_job": "100GiB", "baseline": 0}}}))
+    out = json.loads(
+        run_oomguard("plan", "--json", "--root", tree, "--profiles", str(user_json), "--profile", "mine").stdout
+    )
+    assert out["concurrency"] == 3  # 390 GiB budget / 100 GiB
+    user_toml = tmp_path / "p.toml"
+    user_toml.write_text('[mine]\nper_job = "130GiB"\n')
+    out = json.loads(
+        run_oomguard("plan", "--json", "--root", tree, "--profiles", str(user_toml), "--profile", "mine").stdout
+    )
+    assert out["concurrency"] == 3
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    proc = run_oomguard("plan", "--root", tree, "--profiles", str(bad), "--profile", "x")
+    assert proc.returncode == 2 and proc.stderr.startswith(f"oomguard: error: --profiles: {bad} is not valid")
+    bad.write_text(json.dumps({"x": {"per_job": [1]}}))
+    proc = run_oomguard("plan", "--root", tree, "--profiles", str(bad), "--profile", "x")
+    assert proc.returncode == 2 and "profile 'x': per_job: expected a size" in proc.stderr
+    listing = run_oomguard("plan", "--list-profiles", "--profiles", str(user_json))
+    assert listing.returncode == 0 and "porep-c2-32g" in listing.stdout and "mine" in listing.stdout
+
+
+def test_shape_rejects_nonsense() -> None:
+    with pytest.raises(UsageError):
+        Shape(0)
+    with pytest.raises(UsageError):
+        Shape(GiB, cpus_per_job=float("nan"))

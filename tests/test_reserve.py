@@ -1,0 +1,250 @@
+"""MemoryBudget: semantics, fairness, timeouts, partial release, threads and asyncio together."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+
+import pytest
+
+from oomguard import MemoryBudget, Reservation, ReservationTooLarge
+
+
+def wait_until(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.001)
+
+
+def test_reserve_release_accounting() -> None:
+    b = MemoryBudget(100)
+    r = b.reserve(60)
+    assert (b.used, b.available, b.waiting) == (60, 40, 0)
+    r.release(20)  # partial
+    assert (r.held, b.used) == (40, 40)
+    r.release()
+    r.release()  # releasing all twice is harmless
+    assert b.used == 0 and r.held == 0
+    with pytest.raises(ValueError, match="cannot release 1 bytes"):
+        r.release(1)
+    with b.reserve(100) as r2:
+        assert isinstance(r2, Reservation) and b.available == 0
+    assert b.used == 0
+
+
+def test_too_large_fails_at_once() -> None:
+    b = MemoryBudget(100)
+    t = time.monotonic()
+    with pytest.raises(ReservationTooLarge, match="can never fit"):
+        b.reserve(101)
+    with pytest.raises(ValueError):
+        b.try_reserve(101)
+    with pytest.raises(ReservationTooLarge):
+        asyncio.run(b.areserve(101))
+    assert time.monotonic() - t < 1
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError):
+            b.reserve(bad)  # type: ignore[arg-type]
+
+
+def test_timeout() -> None:
+    b = MemoryBudget(100)
+    held = b.reserve(80)
+    t = time.monotonic()
+    with pytest.raises(TimeoutError):
+        b.reserve(30, timeout=0.05)
+    assert 0.04 < time.monotonic() - t < 2
+    assert b.waiting == 0 and b.used == 80  # the abandoned request left nothing behind
+    with pytest.raises(TimeoutError):
+        asyncio.run(b.areserve(30, timeout=0.05))
+    assert b.waiting == 0 and b.used == 80
+    held.release()
+    assert b.reserve(30, timeout=0).held == 30
+
+
+def test_try_reserve_never_jumps_the_queue() -> None:
+    b = MemoryBudget(100)
+    held = b.reserve(90)
+    got: list[Reservation] = []
+    t = threading.Thread(target=lambda: got.append(b.reserve(50)))
+    t.start()
+    wait_until(lambda: b.waiting == 1)
+    assert b.try_reserve(5) is None  # 5 bytes fit, but a request is waiting
+    held.release()
+    t.join(5)
+    assert got and got[0].held == 50 and b.used == 50
+
+
+def test_first_come_first_served() -> None:
+    """A large waiting request is not starved by a stream of small ones."""
+    b = MemoryBudget(100)
+    small_holders = [b.reserve(10) for _ in range(10)]  # full
+    big_done = threading.Event()
+
+    def big() -> None:
+        with b.reserve(100):
+            big_done.set()
+
+    threading.Thread(target=big).start()
+    wait_until(lambda: b.waiting == 1)
+    late: list[Reservation] = []
+    t_small = threading.Thread(target=lambda: late.append(b.reserve(10)))
+    t_small.start()
+    wait_until(lambda: b.waiting == 2)
+    # Releasing small pieces one by one must not let the later small request in first.
+    for r in small_holders:
+        r.release()
+        assert not late, "a later small request overtook the waiting large one"
+    assert big_done.wait(5)
+    t_small.join(5)
+    assert late and b.used == 10
+
+
+def test_abandoned_head_unblocks_the_rest() -> None:
+    b = MemoryBudget(100)
+    held = b.reserve(60)
+    got: list[Reservation] = []
+    timed_out: list[bool] = []
+
+    def head_request() -> None:
+        try:
+            b.reserve(100, timeout=0.1)
+        except TimeoutError:
+            timed_out.append(True)
+
+    head = threading.Thread(target=head_request)
+    head.start()
+    wait_until(lambda: b.waiting == 1)
+    tail = threading.Thread(target=lambda: got.append(b.reserve(30)))
+    tail.start()
+    wait_until(lambda: b.waiting == 2)
+    head.join(5)
+    tail.join(5)
+    assert timed_out == [True]
+    assert got and got[0].held == 30  # 60 + 30 fit once the 100-byte head gave up
+    held.release()
+
+
+def test_evict_is_called_without_the_lock_and_can_make_room() -> None:
+    b: MemoryBudget
+    cache: list[Reservation] = []
+    asked: list[int] = []
+
+    def evict(shortfall: int) -> None:
+        asked.append(shortfall)
+        assert b.try_reserve(0) is not None  # the lock is not held here (else this would deadlock)
+        while cache and b.available < shortfall:
+            cache.pop().release()
+
+    b = MemoryBudget(100, evict=evict)
+    cache.extend(b.reserve(25) for _ in range(4))
+    r = b.reserve(50, timeout=1)
+    assert asked == [50] and r.held == 50 and b.used <= 100
+
+
+def test_async_evict_may_be_a_coroutine() -> None:
+    async def main() -> int:
+        cache = []
+        calls = []
+
+        async def evict(shortfall: int) -> None:
+            calls.append(shortfall)
+            cache.pop().release()
+
+        b = MemoryBudget(10, evict=evict)
+        cache.append(b.reserve(10))
+        r = await b.areserve(4, timeout=1)
+        return r.held + len(calls)
+
+    assert asyncio.run(main()) == 5
+
+
+def test_async_cancel_returns_a_grant() -> None:
+    async def main() -> MemoryBudget:
+        b = MemoryBudget(10)
+        held = b.reserve(10)
+        task = asyncio.ensure_future(b.areserve(5))
+        await asyncio.sleep(0.01)
+        assert b.waiting == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        held.release()
+        return b
+
+    b = asyncio.run(main())
+    assert b.used == 0 and b.waiting == 0
+
+
+def test_threads_and_asyncio_share_one_queue() -> None:
+    b = MemoryBudget(1000)
+    peak = [0]
+    lock = threading.Lock()
+
+    def note() -> None:
+        with lock:
+            peak[0] = max(peak[0], b.used)
+
+    def worker(seed: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(200):
+            with b.reserve(rnd.randint(0, 400), timeout=30):
+                note()
+
+    async def task(seed: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(200):
+            r = await b.areserve(rnd.randint(0, 400), timeout=30)
+            note()
+            await asyncio.sleep(0)
+            r.release(r.held // 2)
+            r.release()
+
+    async def tasks() -> None:
+        await asyncio.gather(*(task(100 + i) for i in range(8)))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    threads.append(threading.Thread(target=lambda: asyncio.run(tasks())))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a request never finished (lost wake-up)"
+    assert 0 < peak[0] <= 1000 and b.used == 0 and b.waiting == 0
+
+
+def test_stress_random_sizes_never_exceed_the_total() -> None:
+    b = MemoryBudget(10_000)
+    over = []
+
+    def worker(seed: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(500):
+            n = rnd.choice((1, 10, 100, 1000, 5000, 10_000))
+            r = b.reserve(n, timeout=60) if rnd.random() < 0.8 else b.try_reserve(n)
+            if r is None:
+                continue
+            if b.used > b.total:
+                over.append(b.used)
+            if rnd.random() < 0.3:
+                r.release(n // 2)
+            r.release()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive()
+    assert not over and b.used == 0 and b.waiting == 0
+
+
+def test_from_system(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from .test_cli import make_tree
+
+    b = MemoryBudget.from_system(root=str(make_tree(tmp_path)))
+    assert b.total == 256 * 1024**2
+    assert MemoryBudget.from_system(root=str(make_tree(tmp_path)), budget="100MiB").total == 100 * 1024**2
