@@ -26,6 +26,7 @@ class CgroupSection(TypedDict):
     dir: str | None
     limit_bytes: int | None
     limit_file: str | None
+    ancestors_visible: bool | None
     levels: list[CgroupLevel]
 
 

@@ -89,3 +89,34 @@ def format_size(n: int | None) -> str:
             text = f"{value:.2f}".rstrip("0").rstrip(".")
             return f"{sign}{text} {unit}"
     return f"{sign}{n} B"
+
+
+def format_size_exact(n: int) -> str:
+    """The largest binary unit that divides *n* exactly, no space: ``332GiB``, ``1280MiB``, ``12345B``.
+
+    Parseable by ``parse_size`` back to the same number (for ``{budget}`` in worker arguments).
+    """
+    for unit, factor in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return f"{n}B"
+
+
+_DURATIONS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, what: str = "duration") -> float:
+    """``"1s"``, ``"500ms"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds (``"0.5"``) -> seconds."""
+    s = text.strip().lower()
+    i = 0
+    while i < len(s) and s[i] in _NUMBER_CHARS:
+        i += 1
+    number, unit = s[:i], s[i:].strip()
+    factor = _DURATIONS.get(unit)
+    try:
+        value = float(number) if number and len(number) <= 30 else -1.0
+    except ValueError:
+        value = -1.0
+    if factor is None or value < 0:
+        raise UsageError(f"{what}: invalid duration {text!r} (use e.g. 500ms, 30s, 5m, 1h or seconds)")
+    return value * factor

@@ -69,13 +69,12 @@ def _hidden_limit_warning(report: Report, warnings: list[WarningEntry]) -> None:
     """systemd#19497: a limit above the cgroup namespace root is invisible from inside."""
     mem = report["memory"]
     cg = mem["cgroup"]
-    # On v1, hierarchical_memory_limit already folds in every ancestor: nothing is hidden.
-    at_ns_root = cg["path"] == "/" or cg["dir"] == cg["mount"]
-    if report["container"]["in_container"] and cg["version"] == 2 and cg["limit_bytes"] is None and at_ns_root:
+    # ancestors_visible is false when the top of the walk is a namespace root, not the host's root.
+    if report["container"]["in_container"] and cg["ancestors_visible"] is False and cg["limit_bytes"] is None:
         add_warning(
             warnings,
             "limit-may-be-hidden",
-            f"in a container, and the cgroup namespace root ({cg['dir']}) shows no memory limit: "
+            f"in a container, and no group up to the cgroup namespace root ({cg['mount']}) has a memory limit: "
             "a limit set above it cannot be seen from inside; effective_bytes may be too high",
         )
 

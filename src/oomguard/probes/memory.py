@@ -88,6 +88,7 @@ def read_meminfo(root: Root, warnings: list[WarningEntry]) -> dict[str, int]:
     if not info.get("MemTotal"):
         add_warning(warnings, "malformed", "/proc/meminfo has no usable MemTotal (lxcfs#389 shows 0); ignored")
         info.pop("MemTotal", None)
+        info.pop("MemAvailable", None)  # from the same broken file
     return info
 
 
@@ -108,13 +109,22 @@ def _v2(r: _Reader, h: Hierarchy, mem: MemorySection) -> None:
     leaf = h.leaf
     controllers = r.text(leaf + "/cgroup.controllers")
     max_paths = [d + "/memory.max" for d in h.dirs]
-    limit, where, seen = r.min_limit(max_paths)
-    if controllers is not None and "memory" not in controllers.split() and not seen:
+    limit, where, _ = r.min_limit(max_paths)
+    if controllers is not None and "memory" not in controllers.split():
         add_warning(
             r.warnings,
             "controller-not-enabled",
-            f"{leaf}/cgroup.controllers does not list memory; limits of this group cannot be read",
+            f"{leaf}/cgroup.controllers does not list memory: this group's usage, events and pressure "
+            "cannot be read (limits of its ancestors still apply)",
         )
+    # The top of the walk is the host's root cgroup only if it has no memory.max and lists
+    # the memory controller; otherwise it is a namespace root with ancestors we cannot see.
+    top = h.dirs[-1]
+    top_controllers = r.text(top + "/cgroup.controllers")
+    below_root = r.limit(top + "/memory.max")[0] != "absent" or (
+        top_controllers is not None and "memory" not in top_controllers.split()
+    )
+    mem["cgroup"]["ancestors_visible"] = not below_root
     mem["cgroup"]["levels"] = _levels_v2(r, h)
     mem["cgroup"]["limit_bytes"] = limit
     mem["cgroup"]["limit_file"] = where
@@ -165,6 +175,7 @@ def _v1(r: _Reader, h: Hierarchy, mem: MemorySection) -> None:
         limit, where = hier_value, leaf + "/memory.stat:hierarchical_memory_limit"
     mem["cgroup"]["limit_bytes"] = limit
     mem["cgroup"]["limit_file"] = where
+    mem["cgroup"]["ancestors_visible"] = hier is not None or h.mount.root == "/"
     mem["soft_limit_bytes"] = None
     memsw, _, memsw_seen = r.min_limit([d + "/memory.memsw.limit_in_bytes" for d in h.dirs])
     hier_sw = stat.get("hierarchical_memsw_limit")
@@ -235,6 +246,7 @@ def empty_memory_section() -> MemorySection:
             "dir": None,
             "limit_bytes": None,
             "limit_file": None,
+            "ancestors_visible": None,
             "levels": [],
         },
     }
@@ -305,9 +317,14 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
                 "usage-above-limit",
                 f"usage ({usage} bytes) is above the limit ({mem['effective_bytes']} bytes)",
             )
+    # Headroom under a cgroup limit needs the group's usage: unknown usage, unknown headroom.
+    cgroup_binds = mem["limited_by"] not in (None, "meminfo")
+    if cgroup_binds and mem["working_set_bytes"] is None:
+        mem["available_bytes"] = None
+        return
     candidates = []
-    if mem["effective_bytes"] is not None:
-        candidates.append(max(0, mem["effective_bytes"] - (mem["working_set_bytes"] or 0)))
+    if mem["effective_bytes"] is not None and mem["working_set_bytes"] is not None:
+        candidates.append(max(0, mem["effective_bytes"] - mem["working_set_bytes"]))
     if mem["host_available_bytes"] is not None:
         candidates.append(mem["host_available_bytes"])
     mem["available_bytes"] = min(candidates) if candidates else None
