@@ -23,10 +23,18 @@ class Option:
 
 
 class Command:
-    __slots__ = ("epilog", "max_positionals", "name", "options", "summary", "usage")
+    __slots__ = ("epilog", "max_positionals", "name", "options", "stop_at_positional", "summary", "usage")
 
     def __init__(
-        self, name: str, summary: str, usage: str, options: list[Option], *, epilog: str = "", max_positionals: int = 0
+        self,
+        name: str,
+        summary: str,
+        usage: str,
+        options: list[Option],
+        *,
+        epilog: str = "",
+        max_positionals: int = 0,
+        stop_at_positional: bool = False,
     ) -> None:
         self.name = name
         self.summary = summary
@@ -34,6 +42,7 @@ class Command:
         self.options = options
         self.epilog = epilog
         self.max_positionals = max_positionals
+        self.stop_at_positional = stop_at_positional  # the rest is a command line (oomguard run)
 
     def help(self) -> str:
         lines = [f"usage: oomguard {self.name} {self.usage}".rstrip(), "", self.summary, "", "options:"]
@@ -63,6 +72,9 @@ class Command:
                 positionals.extend(argv[i:])
                 break
             if not arg.startswith("-") or arg == "-":
+                if self.stop_at_positional:
+                    positionals.extend(argv[i - 1 :])
+                    break
                 positionals.append(arg)
                 continue
             name, eq, inline = arg.partition("=")

@@ -93,7 +93,42 @@ VERIFY = Command(
     epilog="Exit 0 when the memory was delivered, 4 when not (an OOM kill or a failed allocation).\n" + EXIT_CODES,
 )
 
-COMMANDS = {c.name: c for c in (CHECK, PLAN, VERIFY, CAPTURE)}
+RUN = Command(
+    "run",
+    "Supervise a worker: compute its budget (and concurrency) before each start, pass it in "
+    "OOMGUARD_BUDGET_BYTES / OOMGUARD_BUDGET / OOMGUARD_CONCURRENCY and the placeholders {budget_bytes}, "
+    "{budget}, {budget_gib}, {concurrency} in its arguments, tell OOM kills from other deaths, restart "
+    "with backoff and one less concurrency (or a larger margin) after an OOM kill.",
+    "[budget and plan options] [restart options] [--] CMD ARGS...",
+    [
+        Option("--budget", "auto (default), SIZE or PCT% of the basis; passed through unchanged", "SPEC"),
+        BUDGET_OPTIONS[1],
+        *SHAPE_OPTIONS,
+        Option("--restart", "on-failure (default), always or never", "WHEN"),
+        Option("--backoff-initial", "first restart delay (default 1s)", "DURATION"),
+        Option("--backoff-max", "longest restart delay (default 5m)", "DURATION"),
+        Option("--backoff-factor", "delay multiplier per consecutive restart (default 2)", "X"),
+        Option("--healthy-after", "uptime that resets the backoff (default 10m)", "DURATION"),
+        Option("--max-restarts", "give up after N restarts within --restart-window (default: no limit)", "N"),
+        Option("--restart-window", "window for --max-restarts (default 10m)", "DURATION"),
+        Option(
+            "--on-oom",
+            "after an OOM kill: concurrency (default with plan flags: one less job) or "
+            "margin (default otherwise: a larger safety margin)",
+            "WHAT",
+        ),
+        Option("--min-concurrency", "never fewer jobs than N after OOM kills (default 1)", "N"),
+        Option("--stop-timeout", "SIGKILL this long after forwarding a stop signal (default 30s)", "DURATION"),
+        Option("--isolate", "run the worker in its own memory cgroup limited to budget + margin"),
+        Option("--events", "append events as JSON lines to FILE", "FILE"),
+    ],
+    epilog="Exit status: the worker's (128 + signal when it was killed); 127 when CMD cannot be run.\n"
+    "Durations: 500ms, 30s, 5m, 1h or seconds.\n" + EXIT_CODES,
+    max_positionals=1_000_000,
+    stop_at_positional=True,
+)
+
+COMMANDS = {c.name: c for c in (CHECK, PLAN, VERIFY, RUN, CAPTURE)}
 
 MAIN_HELP = f"""usage: oomguard COMMAND [OPTIONS]
 
@@ -167,6 +202,10 @@ def run(argv: list[str]) -> int:
         return _check(values)
     if command is CAPTURE:
         return _capture(values, positionals)
+    if command is RUN:
+        from .run_cli import run_command
+
+        return run_command(values, positionals)
     from . import plan_cli
 
     return plan_cli.plan_command(values) if command is PLAN else plan_cli.verify_command(values)

@@ -1,0 +1,433 @@
+"""oomguard run: classification, restart policy, signals, isolation, events; real cgroups where possible."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oomguard.restart import RestartPolicy
+from oomguard.supervise import RunConfig, Supervisor, classify, substitute
+from oomguard.units import format_size_exact, parse_duration
+
+from .conftest import REPO
+from .realcgroup import Group, writable_parent
+
+MiB = 1024**2
+GiB = 1024**3
+PY = sys.executable
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+ENV.pop("OOMGUARD_BUDGET", None)
+
+# A worker that allocates and touches N bytes (from its first argument or a variable), then exits 0.
+ALLOC = (
+    "import os, sys, mmap\n"
+    "n = int(eval(sys.argv[1], {'env': os.environ}))\n"
+    "m = mmap.mmap(-1, n)\n"
+    "for off in range(0, n, 1 << 24): m[off:off + min(1 << 24, n - off)] = b'x' * min(1 << 24, n - off)\n"
+)
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# -- pure parts ---------------------------------------------------------------------------
+
+
+def test_classify() -> None:
+    assert classify(0, 0, 0) == ("clean", None)
+    assert classify(3, 0, 0) == ("exit", None)
+    assert classify(-9, 0, 1) == ("oom-kill", None)
+    assert classify(-9, 1, 1) == ("signal", None)
+    assert classify(-15, 0, 1) == ("signal", None)  # only SIGKILL can be the OOM killer
+    reason, note = classify(-9, None, None)
+    assert reason == "signal" and note and "cannot be told" in note
+
+
+def test_substitute_and_exact_sizes() -> None:
+    values = {"budget": "332GiB", "budget_bytes": str(332 * GiB), "budget_gib": "332"}
+    assert substitute(["--budget", "{budget}", "b={budget_bytes}", "{budget_gib}G", "{other}", "{}"], values) == [
+        "--budget",
+        "332GiB",
+        f"b={332 * GiB}",
+        "332G",
+        "{other}",
+        "{}",
+    ]
+    assert format_size_exact(332 * GiB) == "332GiB"
+    assert format_size_exact(1280 * MiB) == "1280MiB"
+    assert format_size_exact(12345) == "12345B"
+    assert parse_duration("5m") == 300 and parse_duration("500ms") == 0.5 and parse_duration("2") == 2
+
+
+def test_backoff_with_a_fake_clock() -> None:
+    p = RestartPolicy(backoff_initial=1, backoff_max=300, backoff_factor=2, healthy_after=600)
+    now = 0.0
+    delays = []
+    for _ in range(11):
+        delays.append(p.next_delay(uptime=5, now=now))
+        now += 10
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
+    assert p.next_delay(uptime=600, now=now) == 1  # a healthy run resets the backoff
+    assert p.next_delay(uptime=1, now=now) == 2
+
+
+def test_max_restarts_within_the_window() -> None:
+    p = RestartPolicy(max_restarts=3, window=60)
+    for t in (0, 10, 20):
+        assert not p.gives_up(t)
+        p.next_delay(1, t)
+    assert p.gives_up(30)
+    assert not p.gives_up(61)  # the first restart left the window
+
+
+def test_restart_modes() -> None:
+    assert RestartPolicy("on-failure").wants_restart("exit", False)
+    assert not RestartPolicy("on-failure").wants_restart("clean", False)
+    assert RestartPolicy("always").wants_restart("clean", False)
+    assert not RestartPolicy("never").wants_restart("oom-kill", False)
+    assert not RestartPolicy("always").wants_restart("exit", True)  # the operator stopped it
+
+
+def test_backoff_sleep_stops_on_a_signal() -> None:
+    t = [0.0]
+    slept: list[float] = []
+
+    def sleep(d: float) -> None:
+        slept.append(d)
+        t[0] += d
+        if t[0] >= 0.35:
+            sup.stopping = signal.SIGTERM
+
+    sup = Supervisor(RunConfig(["true"]), log=None, clock=lambda: t[0], sleep=sleep)  # type: ignore[arg-type]
+    assert sup._backoff(0.25) is True
+    assert sup._backoff(10) is False and t[0] < 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run"], "run: missing the command"),
+        (["run", "--restart", "sometimes", "--", "true"], "--restart: expected one of"),
+        (["run", "--backoff-initial", "soon", "--", "true"], "--backoff-initial: invalid duration 'soon'"),
+        (["run", "--", "true", "{concurrency}"], "run: the placeholder {concurrency} needs plan flags"),
+        (["run", "--on-oom", "concurrency", "--", "true"], "--on-oom concurrency needs plan flags"),
+    ],
+)
+def test_run_usage_errors(args: list[str], message: str) -> None:
+    proc = subprocess.run([PY, "-m", "oomguard", *args], capture_output=True, text=True, env=ENV, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"oomguard: error: {message}"), proc.stderr
+
+
+def test_command_not_found_is_127() -> None:
+    proc = subprocess.run(
+        [PY, "-m", "oomguard", "run", "--", "/no/such/worker"], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert proc.returncode == 127 and "command not found: '/no/such/worker'" in proc.stderr
+
+
+def test_env_placeholders_and_exit_status(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ev = tmp_path / "events.jsonl"
+    script = (
+        f'echo "$OOMGUARD_BUDGET_BYTES $OOMGUARD_BUDGET {{budget}} {{budget_bytes}} {{budget_gib}}" > {out}; exit 5'
+    )
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "oomguard",
+            "run",
+            "--budget",
+            "3GiB",
+            "--restart",
+            "never",
+            "--events",
+            str(ev),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
+    assert proc.returncode == 5
+    assert out.read_text().split() == [str(3 * GiB), "3GiB", "3GiB", str(3 * GiB), "3"]  # passed through unchanged
+    start, exit_ = events(ev)
+    assert start["event"] == "start" and start["budget_bytes"] == 3 * GiB and start["concurrency"] is None
+    assert (exit_["event"], exit_["reason"], exit_["exit_code"], exit_["signal"]) == ("exit", "exit", 5, None)
+    assert set(start) == {
+        "event",
+        "time",
+        "pid",
+        "budget_bytes",
+        "concurrency",
+        "reason",
+        "exit_code",
+        "signal",
+        "duration_s",
+        "delay_s",
+        "peak_bytes",
+        "message",
+    }
+    assert start["time"].endswith("Z") and "T" in start["time"]
+    assert "oomguard run: exit" in proc.stderr  # the same events, readable, on stderr
+
+
+def test_restarts_then_gives_up(tmp_path: Path) -> None:
+    ev = tmp_path / "events.jsonl"
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "oomguard",
+            "run",
+            "--budget",
+            "1GiB",
+            "--backoff-initial",
+            "10ms",
+            "--max-restarts",
+            "2",
+            "--events",
+            str(ev),
+            "--",
+            "sh",
+            "-c",
+            "exit 4",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
+    assert proc.returncode == 4
+    kinds = [e["event"] for e in events(ev)]
+    assert kinds == ["start", "exit", "restart", "start", "exit", "restart", "start", "exit", "give-up"]
+    delays = [e["delay_s"] for e in events(ev) if e["event"] == "restart"]
+    assert delays == [0.01, 0.02]
+
+
+def start_supervisor(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [PY, "-m", "oomguard", "run", "--budget", "1GiB", "--events", str(tmp_path / "ev"), *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or ENV,
+    )
+
+
+def wait_for(path: Path, timeout: float = 20) -> str:
+    end = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text().strip()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_is_forwarded_and_no_restart(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = (
+        f"import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        f"open({str(ready)!r}, 'w').write('1')\ntime.sleep(60)\n"
+    )
+    sup = start_supervisor(tmp_path, "--restart", "always", "--", PY, "-c", code)
+    wait_for(ready)
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(30) == 7
+    kinds = [e["event"] for e in events(tmp_path / "ev")]
+    assert kinds == ["start", "exit", "stop"]
+
+
+def test_stop_timeout_then_sigkill(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        f"open({str(ready)!r}, 'w').write('1')\ntime.sleep(60)\n"
+    )
+    sup = start_supervisor(tmp_path, "--stop-timeout", "300ms", "--", PY, "-c", code)
+    wait_for(ready)
+    t = time.monotonic()
+    sup.send_signal(signal.SIGINT)
+    assert sup.wait(30) == 128 + 9
+    assert time.monotonic() - t < 10
+    exit_ = events(tmp_path / "ev")[1]
+    assert (exit_["reason"], exit_["signal"]) == ("signal", 9)
+
+
+def test_no_zombies_no_orphans_and_a_small_supervisor(tmp_path: Path) -> None:
+    grandchild = tmp_path / "grandchild"
+    # The worker leaves a grandchild behind, in its own new session (out of the process group), and exits.
+    code = (
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(grandchild)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(1.0)\n"
+    )
+    sup = start_supervisor(tmp_path, "--restart", "never", "--", PY, "-c", code)
+    gpid = int(wait_for(grandchild))
+    with open(f"/proc/{sup.pid}/status") as f:
+        rss_kib = int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
+    assert rss_kib < 30 * 1024, f"supervisor RSS {rss_kib} KiB"
+    assert sup.wait(30) == 0
+    end = time.monotonic() + 10
+    while alive(gpid):
+        assert time.monotonic() < end, "the orphaned grandchild survived the supervisor"
+        time.sleep(0.05)
+
+
+# -- real cgroups ---------------------------------------------------------------------------
+
+VERSION, PARENT = writable_parent()
+needs_cgroup = pytest.mark.skipif(VERSION is None, reason=f"real cgroups unavailable: {PARENT}")
+
+
+@pytest.fixture
+def group() -> Iterator[Group]:
+    assert VERSION is not None
+    g = Group(VERSION, Path(PARENT))
+    g.set_limit(700 * MiB)
+    if VERSION == 1 and (g.dir / "memory.memsw.limit_in_bytes").exists():
+        g.write("memory.memsw.limit_in_bytes", str(700 * MiB))
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+def run_in(group: Group, tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    ev = tmp_path / "ev.jsonl"
+    proc = group.run(PY, "-m", "oomguard", "run", "--events", str(ev), *args, env=ENV)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, events(ev), proc.stderr
+
+
+@needs_cgroup
+def test_oom_kill_is_classified(group: Group, tmp_path: Path) -> None:
+    rc, ev, _ = run_in(group, tmp_path, "--restart", "never", "--", PY, "-c", ALLOC, str(2 * GiB))
+    assert rc == 137
+    assert (ev[1]["reason"], ev[1]["signal"]) == ("oom-kill", 9)
+    assert ev[1]["peak_bytes"] > 500 * MiB
+
+
+@needs_cgroup
+def test_a_plain_sigkill_is_a_signal(group: Group, tmp_path: Path) -> None:
+    rc, ev, _ = run_in(group, tmp_path, "--restart", "never", "--", PY, "-c", "import os; os.kill(os.getpid(), 9)")
+    assert rc == 137
+    assert (ev[1]["reason"], ev[1]["signal"]) == ("signal", 9)
+
+
+@needs_cgroup
+def test_allocating_exactly_the_budget_survives(group: Group, tmp_path: Path) -> None:
+    rc, ev, _ = run_in(
+        group, tmp_path, "--restart", "never", "--", PY, "-c", ALLOC, "int(env['OOMGUARD_BUDGET_BYTES'])"
+    )
+    assert rc == 0
+    assert ev[0]["budget_bytes"] == 444 * MiB  # 700 MiB - 256 MiB margin
+    assert ev[1]["reason"] == "clean"
+
+
+@needs_cgroup
+def test_a_budget_sized_from_memtotal_is_oom_killed(group: Group, tmp_path: Path) -> None:
+    mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    rc, ev, _ = run_in(
+        group,
+        tmp_path,
+        "--restart",
+        "never",
+        "--budget",
+        str(mem_total // 2),
+        "--",
+        PY,
+        "-c",
+        ALLOC,
+        "int(env['OOMGUARD_BUDGET_BYTES'])",
+    )
+    assert rc == 137 and ev[1]["reason"] == "oom-kill"
+
+
+@needs_cgroup
+def test_concurrency_steps_down_until_the_worker_survives(group: Group, tmp_path: Path) -> None:
+    # The plan allows 3 jobs of 100 MiB, but each really takes 250 MiB: 3 x 250 > 700 MiB, 2 x 250 fits.
+    rc, ev, err = run_in(
+        group,
+        tmp_path,
+        "--per-job",
+        "100MiB",
+        "--max-jobs",
+        "3",
+        "--backoff-initial",
+        "10ms",
+        "--",
+        PY,
+        "-c",
+        ALLOC,
+        "int(env['OOMGUARD_CONCURRENCY']) * 250 * 2**20",
+    )
+    assert rc == 0, err
+    starts = [e["concurrency"] for e in ev if e["event"] == "start"]
+    assert starts == [3, 2]
+    reasons = [e["reason"] for e in ev if e["event"] == "exit"]
+    assert reasons == ["oom-kill", "clean"]
+    restart = next(e for e in ev if e["event"] == "restart")
+    assert restart["message"] == "after an OOM kill: concurrency 3 -> 2"
+
+
+@needs_cgroup
+def test_on_oom_margin_lowers_an_auto_budget(group: Group, tmp_path: Path) -> None:
+    # Allocates 300 MiB more than its budget: 444 + 300 MiB is OOM-killed, 188 + 300 MiB (one step more margin) fits.
+    rc, ev, err = run_in(
+        group,
+        tmp_path,
+        "--backoff-initial",
+        "10ms",
+        "--max-restarts",
+        "5",
+        "--",
+        PY,
+        "-c",
+        ALLOC,
+        "int(env['OOMGUARD_BUDGET_BYTES']) + (300 << 20)",
+    )
+    budgets = [e["budget_bytes"] for e in ev if e["event"] == "start"]
+    assert budgets == [444 * MiB, 444 * MiB - 256 * MiB], ev
+    restart = next(e for e in ev if e["event"] == "restart")
+    assert restart["reason"] == "oom-kill" and "safety margin raised by 256 MiB" in restart["message"]
+    assert rc == 0 and ev[-1]["reason"] == "clean", err
+
+
+@needs_cgroup
+def test_isolate_kills_only_the_worker(group: Group, tmp_path: Path) -> None:
+    if (group.dir / "memory.memsw.limit_in_bytes").exists():
+        group.write("memory.memsw.limit_in_bytes", str(GiB))
+    group.set_limit(GiB)
+    where = tmp_path / "cgroup"
+    code = f"open({str(where)!r}, 'w').write(open('/proc/self/cgroup').read())\n" + ALLOC
+    rc, ev, err = run_in(
+        group, tmp_path, "--isolate", "--budget", "200MiB", "--restart", "never", "--", PY, "-c", code, str(600 * MiB)
+    )
+    assert "isolate: worker isolated in" in err
+    assert f"{group.dir.name}/oomguard-run-" in where.read_text()  # the worker ran in its own sub-group
+    assert rc == 137 and ev[1]["reason"] == "oom-kill"  # 600 MiB > 200 MiB + 256 MiB margin; we survived to say so
+    assert not list(group.dir.glob("oomguard-run-*"))  # removed afterwards
