@@ -23,7 +23,7 @@ def _load(path: str) -> dict[str, dict[str, object]]:
     try:
         if path.endswith(".toml"):
             if sys.version_info >= (3, 11):
-                import tomllib
+                import tomllib  # novermin: guarded by the version check above
 
                 with open(path, "rb") as f:
                     data = tomllib.load(f)
