@@ -35,6 +35,8 @@ def report_with(
         "memory": {"effective_bytes": budget, "limited_by": "cgroup-v2"},
         "memlock": {"known": known, "soft_bytes": memlock, "cap_ipc_lock": cap},
         "cpu": {"effective_cpus": cpus},
+        "gpus": [],
+        "gpu_driver": {"status": "no-driver"},
         "warnings": [],
     }
 
@@ -97,13 +99,33 @@ def test_cpu_binds() -> None:
     assert plan(report_with(100 * GiB, cpus=2.0), Shape(GiB))["capacity"]["cpu"] is None
 
 
-def test_gpu_is_ignored_without_gpu_data() -> None:
+def gpu(free: int, total: int = 80 * GiB) -> dict[str, Any]:
+    return {"memory_free_bytes": free, "memory_total_bytes": total}
+
+
+def test_gpu_constraint() -> None:
     report = report_with(100 * GiB)
-    p = plan(report, Shape(GiB, gpu_per_job=GiB))
-    assert p["capacity"]["gpu"] is None
+    report["gpu_driver"]["status"] = "skipped"  # --no-gpu: the constraint is ignored, and it says so
+    assert plan(report, Shape(GiB, gpu_per_job=GiB))["capacity"]["gpu"] is None
     assert [w["code"] for w in report["warnings"]] == ["gpu-not-probed"]
-    report["gpus"] = [{"memory_free_bytes": 80 * GiB}, {"memory_free_bytes": 20 * GiB}]
-    assert plan(report, Shape(GiB, gpu_per_job=10 * GiB))["capacity"]["gpu"] == 10
+    report = report_with(100 * GiB)  # no driver: no GPU, so jobs that need one do not fit
+    p = plan(report, Shape(GiB, gpu_per_job=GiB))
+    assert (p["concurrency"], p["binding"]) == (0, "gpu")
+    report["gpu_driver"]["status"] = "ok"
+    report["gpus"] = [gpu(75 * GiB), gpu(20 * GiB)]  # 7 + 2 jobs of 10 GiB, per visible GPU
+    p = plan(report, Shape(GiB, gpu_per_job=10 * GiB))
+    assert (p["concurrency"], p["binding"], p["capacity"]["gpu"]) == (9, "gpu", 9)
+    assert p["explanation"] == "9 jobs, gpu binds: 10 GiB of device memory per job"
+
+
+def test_memlock_too_low_warns() -> None:
+    report = report_with(100 * GiB, memlock=64 * MiB)
+    plan(report, Shape(GiB, pinned_per_job=32 * MiB))
+    codes = [w["code"] for w in report["warnings"]]
+    assert "memlock-too-low" in codes and "pinned-counts-against-limit" in codes
+    report = report_with(100 * GiB, memlock=64 * MiB)
+    plan(report, Shape(GiB, pinned_per_job=32 * MiB, max_jobs=2))  # memlock allows 2: enough
+    assert "memlock-too-low" not in [w["code"] for w in report["warnings"]]
 
 
 sizes = st.integers(min_value=1, max_value=2**44)

@@ -92,3 +92,11 @@ def test_probe_accepts_a_snapshot_path(tmp_path: Path) -> None:
     report = oomguard.probe(root=str(snap), budget="1GiB")
     assert report["root"] == str(snap)
     assert report["budget"]["bytes"] == 2**30 and report["budget"]["source"] == "explicit"
+
+
+def test_report_doc_is_generated_from_the_schema() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "report_doc.py"), "--check"])
+    assert proc.returncode == 0, "docs/report.md is out of date: run python tools/report_doc.py"

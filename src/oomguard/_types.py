@@ -79,6 +79,8 @@ class MemlockSection(TypedDict):
     cap_ipc_lock: bool | None
     locked_bytes: int | None
     pinned_bytes: int | None
+    probe: dict[str, object] | None
+    pinned_probe: dict[str, object] | None
 
 
 class CpuSection(TypedDict):
@@ -98,6 +100,25 @@ class ContainerSection(TypedDict):
     provider_hints: dict[str, str]
 
 
+class GpuEntry(TypedDict):
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int | None
+    memory_free_bytes: int | None
+    memory_reserved_bytes: int | None
+    pci_bus_id: str
+    mig_mode: str | None
+
+
+class GpuDriverSection(TypedDict):
+    status: str
+    source: str | None
+    driver_version: str | None
+    cuda_version: str | None
+
+
 class BudgetSection(TypedDict):
     bytes: int | None
     source: str | None
@@ -114,5 +135,7 @@ class Report(TypedDict):
     memlock: MemlockSection
     cpu: CpuSection
     container: ContainerSection
+    gpus: list[GpuEntry]
+    gpu_driver: GpuDriverSection
     budget: BudgetSection
     warnings: list[WarningEntry]

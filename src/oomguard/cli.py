@@ -28,6 +28,11 @@ BUDGET_OPTIONS = [
     ),
 ]
 
+GPU_OPTIONS = [
+    Option("--no-gpu", "skip the GPU probe"),
+    Option("--gpu-timeout", "seconds NVML and nvidia-smi may take (default 5)", "SECONDS"),
+]
+
 CHECK = Command(
     "check",
     "Report the memory this process may really use (cgroup v1/v2 limits, MemTotal), "
@@ -37,6 +42,9 @@ CHECK = Command(
         Option("--json", "print one JSON object (fields: docs/report.md)"),
         *BUDGET_OPTIONS,
         Option("--require", "exit 3 when the budget is below SIZE", "SIZE"),
+        *GPU_OPTIONS,
+        Option("--probe-mlock", "really mlock SIZE in a short-lived child and report memlock.probe", "SIZE"),
+        Option("--probe-pinned", "really cudaHostAlloc SIZE (libcudart) in a child: memlock.pinned_probe", "SIZE"),
     ],
     epilog="Sizes: B, KiB/MiB/GiB/TiB (K/M/G/T are binary too), KB/MB/GB/TB (decimal).\n" + EXIT_CODES,
 )
@@ -74,6 +82,7 @@ PLAN = Command(
         Option("--list-profiles", "list the profiles (built in and --profiles) and exit"),
         Option("--require-jobs", "exit 3 when fewer than N jobs fit", "N"),
         *BUDGET_OPTIONS,
+        *GPU_OPTIONS,
     ],
     epilog="concurrency = min over memory, memlock, gpu, max_jobs, cpu (ties: that order).\n" + EXIT_CODES,
 )
@@ -89,6 +98,7 @@ VERIFY = Command(
         Option("--fraction", "verify only this part of the target, 0 < F <= 1 (default 1)", "F"),
         Option("--hold", "seconds to hold the memory once touched (default 3)", "SECONDS"),
         *BUDGET_OPTIONS,
+        *GPU_OPTIONS,
     ],
     epilog="Exit 0 when the memory was delivered, 4 when not (an OOM kill or a failed allocation).\n" + EXIT_CODES,
 )
@@ -148,7 +158,24 @@ def _check(values: dict[str, str | bool | None]) -> int:
     from .units import parse_size
 
     require = parse_size(str(values["require"]), "--require") if values["require"] is not None else None
-    report = probe(root=_str(values["root"]), budget=_str(values["budget"]), margin=_str(values["margin"]))
+    gpu, gpu_timeout = gpu_options(values)
+    pins = {
+        kind: parse_size(str(values[key]), "--" + key.replace("_", "-"))
+        for kind, key in (("mlock", "probe_mlock"), ("cuda", "probe_pinned"))
+        if values[key] is not None
+    }
+    report = probe(
+        root=_str(values["root"]),
+        budget=_str(values["budget"]),
+        margin=_str(values["margin"]),
+        gpu=gpu,
+        gpu_timeout=gpu_timeout,
+    )
+    if pins:
+        from .pinprobe import run_pin_probe
+
+        for kind, nbytes in pins.items():
+            report["memlock"]["probe" if kind == "mlock" else "pinned_probe"] = run_pin_probe(kind, nbytes)
     if values["json"]:
         from .render import to_json
 
@@ -173,6 +200,17 @@ def _capture(values: dict[str, str | bool | None], positionals: list[str]) -> in
     n = capture(positionals[0], force=bool(values["force"]))
     sys.stderr.write(f"oomguard: wrote {n} files to {positionals[0]}\n")
     return 0
+
+
+def gpu_options(values: dict[str, str | bool | None]) -> tuple[bool, float]:
+    """(gpu, gpu_timeout) for ``probe()`` from --no-gpu / --gpu-timeout."""
+    timeout = 5.0
+    text = _str(values.get("gpu_timeout"))
+    if text is not None:
+        from .units import parse_duration
+
+        timeout = parse_duration(text, "--gpu-timeout")
+    return not values.get("no_gpu"), timeout
 
 
 def _str(v: str | bool | None) -> str | None:

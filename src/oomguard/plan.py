@@ -88,18 +88,19 @@ def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]
 
 
 def _gpu_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
+    """Jobs that fit in device memory: the sum over visible GPUs of floor(free / gpu_per_job)."""
     if shape.gpu_per_job is None:
         return None
-    gpus = report.get("gpus")
-    if not isinstance(gpus, list):
-        add_warning(warnings, "gpu-not-probed", "--gpu-per-job is ignored: this version has no GPU probe")
+    status = report["gpu_driver"]["status"]
+    if status in ("skipped", "failed"):
+        why = "the GPU probe was skipped (--no-gpu)" if status == "skipped" else "the GPU probe failed"
+        add_warning(warnings, "gpu-not-probed", f"--gpu-per-job is ignored: {why}")
         return None
     total = 0
-    for gpu in gpus:
-        free = gpu.get("memory_free_bytes") if isinstance(gpu, dict) else None
-        if isinstance(free, int):
-            total += free // shape.gpu_per_job
-    return total
+    for gpu in report["gpus"]:
+        free = gpu["memory_free_bytes"]
+        total += (free if free is not None else gpu["memory_total_bytes"]) // shape.gpu_per_job
+    return total  # 0 without a driver: jobs that need device memory cannot run here
 
 
 def make_plan(report: Report, shape: Shape) -> dict[str, object]:
@@ -115,6 +116,15 @@ def make_plan(report: Report, shape: Shape) -> dict[str, object]:
     if shape.cpus_per_job is not None and cpus is not None:
         capacity["cpu"] = int(cpus / shape.cpus_per_job + 1e-9)
     concurrency, binding = _smallest(capacity)
+    others = [c for n, c in capacity.items() if c is not None and n != "memlock"]
+    if capacity["memlock"] is not None and capacity["memlock"] < min(others):
+        add_warning(
+            warnings,
+            "memlock-too-low",
+            f"RLIMIT_MEMLOCK ({format_size(report['memlock']['soft_bytes'])}) lets only {capacity['memlock']} "
+            f"job(s) pin {format_size(shape.pinned_per_job)} each where {min(others)} would fit otherwise; raise it "
+            "(docker run --ulimit memlock=BYTES, systemd LimitMEMLOCK=) or grant CAP_IPC_LOCK",
+        )
     headroom = None if budget is None else budget - shape.baseline - concurrency * shape.per_job
     if shape.pinned_per_job is not None and concurrency:
         add_warning(

@@ -70,7 +70,16 @@ def shape_from_flags(values: Values, *, required: bool = True) -> Shape | None:
 
 
 def _report(values: Values) -> Report:
-    return probe(root=_s(values, "root"), budget=_s(values, "budget"), margin=_s(values, "margin"))
+    from .cli import gpu_options
+
+    gpu, gpu_timeout = gpu_options(values)
+    return probe(
+        root=_s(values, "root"),
+        budget=_s(values, "budget"),
+        margin=_s(values, "margin"),
+        gpu=gpu,
+        gpu_timeout=gpu_timeout,
+    )
 
 
 def _list_profiles(values: Values) -> int:

@@ -37,7 +37,12 @@ WARNING_CODES: dict[str, str] = {
     "budget-exceeds-soft-limit": "The explicit budget is above the soft limit (memory.high), "
     "where the kernel throttles and reclaims.",
     "budget-unknown": "No budget could be computed because the memory ceiling is unknown.",
-    "gpu-not-probed": "plan: --gpu-per-job was given but the report has no GPU data; the GPU constraint is ignored.",
+    "gpu-not-probed": "plan: --gpu-per-job was given but the GPU probe was skipped (--no-gpu) "
+    "or failed; the GPU constraint is ignored.",
+    "gpu-probe-failed": "An NVIDIA driver is present but neither NVML nor nvidia-smi answered usefully "
+    "(missing, hanging, failing, or garbage output); gpus may be incomplete.",
+    "memlock-too-low": "plan: the pinned memory the plan needs exceeds what RLIMIT_MEMLOCK lets this "
+    "process lock (without CAP_IPC_LOCK): pinning will fail.",
     "pinned-counts-against-limit": "plan: the jobs pin host memory; page-locked memory is charged to the "
     "memory cgroup like any other, so it must be part of each job's --per-job size.",
 }

@@ -11,6 +11,10 @@ import os
 
 from .errors import SnapshotError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 MAX_FILE_BYTES = 1 << 20  # no file the probe reads is anywhere near this
 
 
@@ -58,6 +62,21 @@ class Root:
         """The probed process's environment."""
         raise NotImplementedError
 
+    def gpu_query(self, timeout: float) -> dict[str, Any]:
+        """What the NVIDIA driver reports (see probes/gpu.py); a snapshot replays its gpus.json."""
+        text = self.read("/gpus.json")
+        if isinstance(text, Failure):
+            return {"gpus": [], "error": "the snapshot has a GPU driver but no gpus.json"}
+        import json
+
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+            return {"gpus": [], "error": "the snapshot's gpus.json is malformed"}
+        return data
+
 
 class LiveRoot(Root):
     """The running system; the environment is this process's ``os.environ``."""
@@ -83,6 +102,11 @@ class LiveRoot(Root):
 
     def environ(self) -> dict[str, str]:
         return dict(os.environ)
+
+    def gpu_query(self, timeout: float) -> dict[str, Any]:
+        from .probes.gpu import query_live
+
+        return query_live(timeout)
 
 
 def parse_environ(text: str) -> dict[str, str]:

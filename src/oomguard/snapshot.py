@@ -18,6 +18,10 @@ from . import __version__
 from .errors import UsageError
 from .root import Failure, LiveRoot, Root
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 ENV_KEEP = frozenset(
     {
         "container",
@@ -41,10 +45,11 @@ class RecordingRoot(Root):
 
     live = True
 
-    def __init__(self) -> None:
-        self.inner = LiveRoot()
+    def __init__(self, inner: Root | None = None) -> None:
+        self.inner = inner or LiveRoot()
         self.files: dict[str, str] = {}
         self.markers: set[str] = set()
+        self.gpus: dict[str, Any] | None = None  # the GPU query, when a driver was found
 
     def read(self, path: str) -> str | Failure:
         text = self.inner.read(path)
@@ -64,6 +69,10 @@ class RecordingRoot(Root):
     def environ(self) -> dict[str, str]:
         return self.inner.environ()
 
+    def gpu_query(self, timeout: float) -> dict[str, Any]:
+        self.gpus = self.inner.gpu_query(timeout)
+        return self.gpus
+
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     info = tarfile.TarInfo(name.lstrip("/"))
@@ -73,17 +82,18 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def capture(path: str, force: bool = False) -> int:
+def capture(path: str, force: bool = False, source: Root | None = None) -> int:
     """Probe the live system and write a snapshot to *path*; returns the number of files.
 
     Written to a temporary file and renamed, so *path* is never left half-written.
-    Refuses to overwrite an existing file unless *force*.
+    Refuses to overwrite an existing file unless *force*. *source* replaces the live system
+    (tests record a fake driver through it).
     """
     from .api import probe
 
     if os.path.exists(path) and not force:
         raise UsageError(f"capture: {path} exists (use --force to overwrite)")
-    rec = RecordingRoot()
+    rec = RecordingRoot(source)
     probe(root=rec)
     now = time.time()
     files = dict(rec.files)
@@ -93,6 +103,10 @@ def capture(path: str, force: bool = False) -> int:
         if marker not in files:
             text = rec.inner.read(marker)
             files[marker] = text if isinstance(text, str) else ""
+    if rec.gpus is not None:
+        import json
+
+        files["/gpus.json"] = json.dumps(rec.gpus, indent=2) + "\n"
     files["/" + MANIFEST] = (
         f"oomguard {__version__}\ncaptured {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}\n"
     )

@@ -8,6 +8,7 @@ from ..root import Failure, LiveRoot, Root
 from .cgroup import find_hierarchy
 from .container import probe_container
 from .cpu import probe_cpu
+from .gpu import DEFAULT_TIMEOUT, probe_gpus
 from .memlock import probe_memlock
 from .memory import probe_memory
 from .mounts import CgroupEntry, Mount, parse_mountinfo, parse_proc_cgroup
@@ -79,10 +80,17 @@ def _hidden_limit_warning(report: Report, warnings: list[WarningEntry]) -> None:
         )
 
 
-def probe_system(root: Root | None = None, env: dict[str, str] | None = None) -> Report:
+def probe_system(
+    root: Root | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    gpu: bool = True,
+    gpu_timeout: float = DEFAULT_TIMEOUT,
+) -> Report:
     """Probe *root* (default: the live system) into a report whose ``budget`` is still empty.
 
-    *env* is the probed process's environment (default: ``root.environ()``).
+    *env* is the probed process's environment (default: ``root.environ()``); *gpu* False
+    skips the GPU probe; *gpu_timeout* bounds NVML and nvidia-smi.
     """
     root = root or LiveRoot()
     env = root.environ() if env is None else env
@@ -109,8 +117,11 @@ def probe_system(root: Root | None = None, env: dict[str, str] | None = None) ->
             warnings,
         ),
         "container": probe_container(root, env, entries, mounts),
+        "gpus": [],
+        "gpu_driver": {"status": "skipped", "source": None, "driver_version": None, "cuda_version": None},
         "budget": {"bytes": None, "source": None, "basis_bytes": None, "safety_margin_bytes": None, "requested": None},
         "warnings": warnings,
     }
+    report["gpus"], report["gpu_driver"] = probe_gpus(root, env, warnings, enabled=gpu, timeout=gpu_timeout)
     _hidden_limit_warning(report, warnings)
     return report

@@ -43,6 +43,8 @@ def probe_memlock(root: Root, status: dict[str, str], warnings: list[WarningEntr
         "cap_ipc_lock": cap,
         "locked_bytes": status_kb(status, "VmLck"),
         "pinned_bytes": status_kb(status, "VmPin"),
+        "probe": None,
+        "pinned_probe": None,
     }
     if values is None:
         why = text.kind if isinstance(text, Failure) else "no 'Max locked memory' line"
