@@ -4,18 +4,21 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck pytest bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,manager]'
 	touch $@
 
 run: $(STAMP)
 	$(BIN)/oomguard check
 
-test: lint typecheck pytest
+test: system-deps lint typecheck pytest
+
+system-deps:
+	bash scripts/system-deps.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools
@@ -29,7 +32,7 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest
 
 $(VENV)/.installed-bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,manager,bench]'
 	touch $@
 
 bench: $(VENV)/.installed-bench

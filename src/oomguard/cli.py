@@ -16,6 +16,7 @@ EXIT_CODES = """exit codes:
   2   usage or input error: bad flag, size or variable; missing or corrupt snapshot
   3   a threshold was not met (--require, --require-jobs)
   4   verification failed (verify: an OOM kill or a failed allocation)
+  75  agent --once: the report was spooled, to be delivered later
   130 interrupted"""
 
 BUDGET_OPTIONS = [
@@ -131,6 +132,10 @@ RUN = Command(
         Option("--stop-timeout", "SIGKILL this long after forwarding a stop signal (default 30s)", "DURATION"),
         Option("--isolate", "run the worker in its own memory cgroup limited to budget + margin"),
         Option("--events", "append events as JSON lines to FILE", "FILE"),
+        Option("--manager", "also send events to the fleet manager at URL (spooled when it is down)", "URL"),
+        Option("--token", "bearer token for --manager (or OOMGUARD_AGENT_TOKEN)", "TOKEN"),
+        Option("--node", "node name for --manager (default: VAST_CONTAINERLABEL, then the hostname)", "NAME"),
+        Option("--spool", "spool directory for --manager (default: $XDG_STATE_HOME/oomguard/spool)", "DIR"),
     ],
     epilog="Exit status: the worker's (128 + signal when it was killed); 127 when CMD cannot be run.\n"
     "Durations: 500ms, 30s, 5m, 1h or seconds.\n" + EXIT_CODES,
@@ -138,7 +143,50 @@ RUN = Command(
     stop_at_positional=True,
 )
 
-COMMANDS = {c.name: c for c in (CHECK, PLAN, VERIFY, RUN, CAPTURE)}
+MANAGER = Command(
+    "manager",
+    "Run the fleet manager (extra [manager]): agents POST reports and events; an API, Prometheus "
+    "metrics and a dashboard show every node. Migrates the database before it serves.",
+    "[--db URL] [--host HOST] [--port PORT] [--agent-token T] [--viewer-token T] [--retention 30d]",
+    [
+        Option("--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL"),
+        Option("--host", "address to listen on (default 127.0.0.1)", "HOST"),
+        Option("--port", "port (default 8080)", "PORT"),
+        Option("--agent-token", "bearer token agents write with (or OOMGUARD_AGENT_TOKEN)", "TOKEN"),
+        Option("--viewer-token", "bearer token readers use (or OOMGUARD_VIEWER_TOKEN)", "TOKEN"),
+        Option("--retention", "history kept (default 30d; OOM events are kept for ever)", "DURATION"),
+        Option("--interval", "the agents' report interval, for offline detection (default 30s)", "DURATION"),
+        Option("--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE"),
+    ],
+    epilog="Off loopback, both tokens are required. Tokens are compared in constant time.\n" + EXIT_CODES,
+)
+
+AGENT = Command(
+    "agent",
+    "Send this node's check report to the fleet manager every --interval (standard library only). "
+    "When the manager cannot be reached or answers 5xx, reports wait in a durable spool and are "
+    "replayed in order; each carries an id, so a retry is never stored twice.",
+    "--manager URL [--token T] [--node NAME] [--interval 30s] [--once] [--spool DIR]",
+    [
+        Option("--manager", "the manager's base URL, e.g. http://manager:8080", "URL"),
+        Option("--token", "agent bearer token (or OOMGUARD_AGENT_TOKEN)", "TOKEN"),
+        Option("--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME"),
+        Option("--interval", "time between reports (default 30s)", "DURATION"),
+        Option("--once", "send one report and exit: 0 when delivered, 75 when spooled for later"),
+        Option(
+            "--spool",
+            "spool directory (default: $OOMGUARD_SPOOL, $XDG_STATE_HOME/oomguard/spool, ~/.local/state/oomguard/spool)",
+            "DIR",
+        ),
+        Option("--budget", BUDGET_OPTIONS[0].help, "SPEC"),
+        BUDGET_OPTIONS[1],
+        *SHAPE_OPTIONS,
+        *GPU_OPTIONS,
+    ],
+    epilog="With plan flags the report carries the plan (concurrency, memlock need) too.\n" + EXIT_CODES,
+)
+
+COMMANDS = {c.name: c for c in (CHECK, PLAN, VERIFY, RUN, CAPTURE, AGENT, MANAGER)}
 
 MAIN_HELP = f"""usage: oomguard COMMAND [OPTIONS]
 
@@ -240,6 +288,14 @@ def run(argv: list[str]) -> int:
         return _check(values)
     if command is CAPTURE:
         return _capture(values, positionals)
+    if command is AGENT:
+        from .agent_cli import agent_command
+
+        return agent_command(values)
+    if command is MANAGER:
+        from .manager.cli import manager_command
+
+        return manager_command(values)
     if command is RUN:
         from .run_cli import run_command
 

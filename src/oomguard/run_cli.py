@@ -43,7 +43,14 @@ def run_command(values: Values, command: list[str]) -> int:
         log = EventLog(_s(values, "events"))
     except OSError as exc:
         raise UsageError(f"--events: cannot open {values['events']}: {exc.strerror}") from None
+    from .agent_cli import forwarder
+
+    sink = forwarder(values)
+    if sink is not None:
+        log.sinks.append(sink)
     try:
         return Supervisor(config, log).run()
     finally:
         log.close()
+        if sink is not None:
+            sink.close()

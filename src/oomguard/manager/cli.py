@@ -1,0 +1,57 @@
+"""``oomguard manager``: check settings, migrate the database, serve."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import UsageError
+from ..units import parse_duration, parse_size
+from . import require_extra
+
+
+def _s(values: dict[str, Any], key: str) -> str | None:
+    v = values.get(key)
+    return v if isinstance(v, str) else None
+
+
+def manager_command(values: dict[str, Any]) -> int:
+    require_extra()
+    from .settings import DEFAULT_DB, Settings
+
+    port_text = _s(values, "port") or "8080"
+    if not port_text.isdigit():
+        raise UsageError(f"--port: expected a port number, got {port_text!r}")
+    settings = Settings(
+        db_url=_s(values, "db") or DEFAULT_DB,
+        host=_s(values, "host") or "127.0.0.1",
+        port=int(port_text),
+        agent_token=_s(values, "agent_token") or os.environ.get("OOMGUARD_AGENT_TOKEN") or None,
+        viewer_token=_s(values, "viewer_token") or os.environ.get("OOMGUARD_VIEWER_TOKEN") or None,
+        retention_s=parse_duration(_s(values, "retention") or "30d", "--retention"),
+        interval_s=parse_duration(_s(values, "interval") or "30s", "--interval"),
+        max_body=parse_size(_s(values, "max_body") or "1MiB", "--max-body"),
+    )
+    settings.check()
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .db import migrate
+
+    try:
+        migrate(settings.db_url)
+    except (SQLAlchemyError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"manager: cannot open or migrate the database {settings.db_url!r}: {first}") from None
+    import uvicorn
+
+    from .app import create_app
+
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    return 0

@@ -1,0 +1,131 @@
+"""Database: the schema (SQLAlchemy Core), engines for SQLite and PostgreSQL, and migrations (Alembic).
+
+Times are integer epoch milliseconds (``*_ms``), so hour buckets are integer division on both
+databases. The schema is created and upgraded only by the Alembic revisions in ``migrations/``;
+``metadata`` here mirrors the head revision for queries.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+
+metadata = MetaData()
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("first_seen_ms", BigInteger, nullable=False),
+    Column("last_seen_ms", BigInteger, nullable=False),
+    Column("interval_ms", BigInteger),
+    Column("latest_report", Text),
+    Column("effective_bytes", BigInteger),
+    Column("host_total_bytes", BigInteger),
+    Column("budget_bytes", BigInteger),
+    Column("limited_by", String(16)),
+    Column("runtime", String(32)),
+    Column("memlock_soft_bytes", BigInteger),
+    Column("warnings", Text),  # JSON list of warning codes of the latest report
+    Column("gpus", Text),  # JSON list of {index, name, memory_total_bytes, memory_free_bytes}
+)
+
+reports = Table(
+    "reports",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("received_ms", BigInteger, nullable=False),
+    Column("effective_bytes", BigInteger),
+    Column("budget_bytes", BigInteger),
+    Column("usage_bytes", BigInteger),
+    Column("working_set_bytes", BigInteger),
+    Index("ix_reports_node_time", "node_id", "received_ms"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("received_ms", BigInteger, nullable=False),
+    Column("time", String(64)),
+    Column("kind", String(16), nullable=False),
+    Column("reason", String(16)),
+    Column("exit_code", Integer),
+    Column("signal", Integer),
+    Column("budget_bytes", BigInteger),
+    Column("concurrency", Integer),
+    Column("peak_bytes", BigInteger),
+    Column("duration_s", Float),
+    Column("body", Text, nullable=False),
+    Index("ix_events_node_time", "node_id", "received_ms"),
+    Index("ix_events_reason_time", "reason", "received_ms"),
+)
+
+
+def normalize_url(url: str) -> str:
+    """``postgresql://`` means psycopg 3 here; SQLite and explicit drivers pass through."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")  # a 2xx means the report survives a crash
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", os.path.join(os.path.dirname(__file__), "migrations"))
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """Create or upgrade the schema to *revision* (idempotent)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

@@ -1,0 +1,56 @@
+"""Prometheus text exposition of every node's numbers (prometheus_client does the format)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+GAUGES = (
+    ("oomguard_memory_effective_bytes", "effective_bytes", "The hard memory ceiling of the node's worker."),
+    ("oomguard_memory_host_total_bytes", "host_total_bytes", "MemTotal seen by the node (the host's RAM)."),
+    ("oomguard_budget_bytes", "budget_bytes", "The memory budget the node computed."),
+    ("oomguard_memlock_soft_bytes", "memlock_soft_bytes", "RLIMIT_MEMLOCK soft limit (+Inf: unlimited)."),
+)
+
+
+class _Nodes:
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        for name, key, doc in GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=["node"])
+            for r in self.rows:
+                v = r[key]
+                if v is None and key == "memlock_soft_bytes" and r["effective_bytes"] is not None:
+                    v = math.inf
+                if v is not None:
+                    g.add_metric([r["name"]], float(v))
+            yield g
+        c = CounterMetricFamily(
+            "oomguard_oom_kills",
+            "OOM kills reported by the node's supervisor, kept across container restarts.",
+            labels=["node"],
+        )
+        seen = GaugeMetricFamily(
+            "oomguard_node_last_seen_timestamp_seconds", "Time of the node's last report.", labels=["node"]
+        )
+        up = GaugeMetricFamily("oomguard_node_up", "1 while the node reports, 0 once it is offline.", labels=["node"])
+        for r in self.rows:
+            c.add_metric([r["name"]], float(r["oom_kills_total"] or 0))
+            seen.add_metric([r["name"]], r["last_seen_ms"] / 1000)
+            up.add_metric([r["name"]], 1.0 if r["status"] == "online" else 0.0)
+        yield c
+        yield seen
+        yield up
+
+
+def render_metrics(rows: list[dict[str, Any]]) -> tuple[bytes, str]:
+    registry = CollectorRegistry()
+    registry.register(_Nodes(rows))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,342 @@
+"""The fleet manager's API against a real SQLite file and a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, text
+
+from oomguard.errors import UsageError
+from oomguard.manager.app import create_app
+from oomguard.manager.db import current_revision, make_engine, migrate, reports
+from oomguard.manager.settings import Settings
+from oomguard.manager.store import Store
+
+from .manager_helpers import AGENT_H, VIEWER, VIEWER_H, GiB, ManagerProcess, envelope, fixture_report
+from .pg import PostgresServer
+
+_PG = PostgresServer()
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PostgresServer]:
+    why = _PG.unavailable()
+    if why:
+        print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
+        pytest.skip(why)
+    _PG.start()
+    yield _PG
+    _PG.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'oomguard.db'}"
+    server: PostgresServer = request.getfixturevalue("pg")
+    return server.create_db("t_" + uuid.uuid4().hex[:12])
+
+
+def make_client(db_url: str, **settings: Any) -> TestClient:
+    migrate(db_url)
+    s = Settings(db_url=db_url, agent_token="agent-secret-token", viewer_token=VIEWER, **settings)
+    return TestClient(create_app(s))
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[TestClient]:
+    with make_client(db_url) as c:
+        yield c
+
+
+def post(c: TestClient, body: dict[str, Any], path: str = "/api/v1/reports") -> Any:
+    return c.post(path, json=body, headers=AGENT_H)
+
+
+def test_ingest_list_detail_and_idempotency(client: TestClient) -> None:
+    report = fixture_report()
+    body = envelope("vast-C.123", report, interval_s=30)
+    first, second = post(client, body), post(client, body)
+    assert first.status_code == second.status_code == 200
+    assert first.json() == {"stored": True, "id": body["id"]} and second.json()["stored"] is False
+    post(client, envelope("other-node", fixture_report("docker_v2_private_ns_limit_512m")))
+    nodes = client.get("/api/v1/nodes", headers=VIEWER_H).json()
+    assert nodes["total"] == 2 and [n["name"] for n in nodes["nodes"]] == ["other-node", "vast-C.123"]
+    n = nodes["nodes"][1]
+    assert n["effective_bytes"] == 342 * GiB and n["host_total_bytes"] == 527958056 * 1024
+    assert n["budget_bytes"] == 332 * GiB and n["limited_by"] == "cgroup-v2" and n["status"] == "online"
+    detail = client.get("/api/v1/nodes/vast-C.123", headers=VIEWER_H).json()
+    assert len(detail["history"]) == 1  # the duplicate was stored once
+    assert detail["latest"]["memory"]["effective_bytes"] == 342 * GiB
+    assert detail["latest"]["memory"]["cgroup"]["path"] == report["memory"]["cgroup"]["path"]  # the whole report
+    assert client.get("/api/v1/nodes/nope", headers=VIEWER_H).status_code == 404
+
+
+def test_filters_sorting_and_paging(client: TestClient) -> None:
+    small = fixture_report("docker_v2_private_ns_limit_512m")
+    for i in range(12):
+        post(client, envelope(f"gpu-{i:02d}", small))
+    post(client, envelope("big", fixture_report()))
+    page = client.get("/api/v1/nodes?q=gpu-&limit=5&offset=5&sort=-name", headers=VIEWER_H).json()
+    assert page["total"] == 12 and [n["name"] for n in page["nodes"]] == [f"gpu-{i:02d}" for i in (6, 5, 4, 3, 2)]
+    top = client.get("/api/v1/nodes?sort=-effective_bytes&limit=1", headers=VIEWER_H).json()
+    assert top["nodes"][0]["name"] == "big"
+    assert client.get("/api/v1/nodes?status=offline", headers=VIEWER_H).json()["total"] == 0
+    assert client.get("/api/v1/nodes?q=%25", headers=VIEWER_H).json()["total"] == 0  # LIKE wildcards are escaped
+    from oomguard.manager.store import SORT_KEYS
+
+    for key in SORT_KEYS:
+        for sort in (key, "-" + key):
+            r = client.get(f"/api/v1/nodes?sort={sort}&status=online", headers=VIEWER_H)
+            assert r.status_code == 200 and r.json()["total"] == 13, sort
+    for bad in ("sort=size;drop", "limit=0", "limit=100000", "status=dead", "offset=-1"):
+        assert client.get(f"/api/v1/nodes?{bad}", headers=VIEWER_H).status_code == 422, bad
+
+
+def test_offline_after_three_missed_intervals(db_url: str) -> None:
+    with make_client(db_url) as c:
+        post(c, envelope("slow", fixture_report(), interval_s=0.05))
+        assert c.get("/api/v1/nodes?status=online", headers=VIEWER_H).json()["total"] == 1
+        time.sleep(0.3)
+        assert [n["name"] for n in c.get("/api/v1/nodes?status=offline", headers=VIEWER_H).json()["nodes"]] == ["slow"]
+        kinds = {a["kind"] for a in c.get("/api/v1/alerts", headers=VIEWER_H).json()["alerts"]}
+        assert "offline" in kinds
+        assert 'oomguard_node_up{node="slow"} 0.0' in c.get("/metrics", headers=VIEWER_H).text
+
+
+def test_alerts_and_metrics(client: TestClient) -> None:
+    host_sized = fixture_report(budget="500GiB")  # the original failure: 342 GiB container, budget from the host
+    post(client, envelope("outage", host_sized))
+    over = fixture_report("docker_v2_private_ns_limit_512m", budget="600MiB")
+    post(client, envelope("over", over))
+    pinned = fixture_report()
+    pinned["warnings"].append({"code": "memlock-too-low", "message": "plan pins 4 GiB"})
+    post(client, envelope("pinned", pinned))
+    post(client, envelope("fine", fixture_report()))
+    exit_event = {"event": "exit", "reason": "oom-kill", "signal": 9, "pid": 42, "budget_bytes": GiB}
+    for _ in range(2):
+        assert post(client, {"node": "fine", "id": uuid.uuid4().hex, "event": exit_event}, "/api/v1/events").json()[
+            "stored"
+        ]
+    alerts = {(a["node"], a["kind"]) for a in client.get("/api/v1/alerts", headers=VIEWER_H).json()["alerts"]}
+    assert alerts == {
+        ("outage", "budget-from-host"),
+        ("over", "budget-above-limit"),
+        ("pinned", "memlock-below-pinned-need"),
+        ("fine", "oom-kills"),
+    }
+    nodes = {n["name"]: n for n in client.get("/api/v1/nodes", headers=VIEWER_H).json()["nodes"]}
+    assert nodes["fine"]["oom_kills_24h"] == 2 and nodes["outage"]["oom_kills_24h"] == 0
+    metrics = client.get("/metrics", headers=VIEWER_H).text
+    for line in (
+        'oomguard_memory_effective_bytes{node="fine"} 3.67219703808e+11',
+        'oomguard_budget_bytes{node="outage"} 5.36870912e+11',
+        'oomguard_oom_kills_total{node="fine"} 2.0',
+        'oomguard_node_up{node="fine"} 1.0',
+        'oomguard_memlock_soft_bytes{node="fine"}',
+        "# TYPE oomguard_node_last_seen_timestamp_seconds gauge",
+        "oomguard_memory_host_total_bytes{node=",
+    ):
+        assert line in metrics, line
+    events = client.get("/api/v1/nodes/fine", headers=VIEWER_H).json()["events"]
+    assert [e["reason"] for e in events] == ["oom-kill", "oom-kill"]
+
+
+def test_retention_thins_history_but_keeps_oom_events(db_url: str) -> None:
+    migrate(db_url)
+    engine = make_engine(db_url)
+    store = Store(engine, retention_s=30 * 86400)
+    with TestClient(create_app(Settings(db_url=db_url), store)) as c:
+        now = time.time()
+        for minutes in range(0, 3 * 60, 10):  # 18 reports over the last 3 hours
+            t = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - minutes * 60))
+            assert c.post("/api/v1/reports", json=envelope("n", fixture_report(), time=t)).json()["stored"]
+        old = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - 20 * 86400))
+        c.post(
+            "/api/v1/events",
+            json={"node": "n", "id": "oom-old", "event": {"event": "exit", "reason": "oom-kill", "time": old}},
+        )
+        c.post(
+            "/api/v1/events",
+            json={"node": "n", "id": "exit-old", "event": {"event": "exit", "reason": "exit", "time": old}},
+        )
+    result = store.thin()
+    history = TestClient(create_app(Settings(db_url=db_url), store)).get("/api/v1/nodes/n").json()["history"]
+    # The last hour stays whole (6-7 reports); older hours keep one report each.
+    recent = [h for h in history if h["time"] > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now - 3600))]
+    assert 6 <= len(recent) <= 7 and len(history) - len(recent) in (2, 3)
+    assert result["thinned_reports"] == 18 - len(history)
+    short = Store(engine, retention_s=10 * 86400)  # a shorter retention drops old events, never OOM kills
+    assert short.thin()["expired_events"] == 1
+    events = TestClient(create_app(Settings(db_url=db_url), short)).get("/api/v1/nodes/n").json()["events"]
+    assert [e["reason"] for e in events] == ["oom-kill"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "{not json",
+        json.dumps({"node": "n", "id": "x"}),
+        json.dumps({"node": "bad name", "id": "x", "report": {"schema_version": 1, "memory": {}}}),
+        json.dumps({"node": "n'; DROP TABLE nodes;--", "id": "x", "report": {"schema_version": 1, "memory": {}}}),
+        json.dumps({"node": "ünïcode", "id": "x", "report": {"schema_version": 1, "memory": {}}}),
+        json.dumps({"node": "n" * 129, "id": "x", "report": {"schema_version": 1, "memory": {}}}),
+        json.dumps({"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {"effective_bytes": -1}}}),
+        json.dumps({"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {"effective_bytes": 2**64}}}),
+        json.dumps({"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {}}, "interval_s": "NaN"}),
+        '{"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {}, "extra": NaN}}',
+        json.dumps({"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {}}, "unknown": 1}),
+        json.dumps(
+            {
+                "node": "n",
+                "id": "x",
+                "report": {"schema_version": 1, "memory": {}, "container": {"runtime": "\u0000evil"}},
+            }
+        ),
+        json.dumps([1, 2, 3]),
+    ],
+)
+def test_bad_bodies_are_422_never_500(client: TestClient, body: str) -> None:
+    r = client.post("/api/v1/reports", content=body, headers={**AGENT_H, "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert client.get("/api/v1/nodes", headers=VIEWER_H).json()["total"] == 0
+
+
+def test_tokens(db_url: str) -> None:
+    with make_client(db_url) as c:
+        body = envelope("n", fixture_report())
+        assert c.post("/api/v1/reports", json=body).status_code == 401
+        assert c.post("/api/v1/reports", json=body, headers=VIEWER_H).status_code == 401  # a viewer cannot write
+        assert (
+            c.post("/api/v1/reports", json=body, headers={"Authorization": "Bearer agent-secret-tokeN"}).status_code
+            == 401
+        )
+        assert c.post("/api/v1/reports", json=body, headers=AGENT_H).status_code == 200
+        for path in ("/api/v1/nodes", "/api/v1/nodes/n", "/api/v1/alerts", "/metrics"):
+            assert c.get(path).status_code == 401, path
+            assert c.get(path, headers=AGENT_H).status_code == 401, path  # an agent cannot read
+            assert c.get(path, headers=VIEWER_H).status_code == 200, path
+        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/openapi.json").json()["info"]["title"] == "oomguard manager"
+
+
+def test_non_loopback_needs_both_tokens() -> None:
+    with pytest.raises(UsageError, match=r"refusing to listen on 0\.0\.0\.0"):
+        Settings(host="0.0.0.0", agent_token="a").check()
+    Settings(host="0.0.0.0", agent_token="a", viewer_token="v").check()
+    Settings(host="127.0.0.1").check()
+    Settings(host="::1").check()
+
+
+def test_upgrade_from_the_first_revision_keeps_data(db_url: str) -> None:
+    migrate(db_url, "0001")
+    engine = make_engine(db_url)
+    assert current_revision(engine) == "0001"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO nodes (name, first_seen_ms, last_seen_ms, effective_bytes, budget_bytes, "
+                "warnings, latest_report) VALUES ('old-node', 1, :t, 100, 90, '[]', '{\"schema_version\": 1}')"
+            ),
+            {"t": int(time.time() * 1000)},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO reports (node_id, ingest_id, received_ms, effective_bytes, budget_bytes) "
+                "SELECT id, 'r-1', :t, 100, 90 FROM nodes"
+            ),
+            {"t": int(time.time() * 1000)},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO events (node_id, ingest_id, received_ms, kind, reason, body) "
+                "SELECT id, 'e-1', :t, 'exit', 'oom-kill', '{\"event\": \"exit\"}' FROM nodes"
+            ),
+            {"t": int(time.time() * 1000)},
+        )
+    migrate(db_url)
+    assert current_revision(engine) == "0002"
+    with TestClient(create_app(Settings(db_url=db_url))) as c:
+        node = c.get("/api/v1/nodes/old-node").json()
+        assert node["effective_bytes"] == 100 and node["oom_kills_24h"] == 1
+        assert node["history"] == [
+            {
+                "time": node["history"][0]["time"],
+                "effective_bytes": 100,
+                "budget_bytes": 90,
+                "usage_bytes": None,
+                "working_set_bytes": None,
+            }
+        ]
+        assert c.post("/api/v1/reports", json=envelope("old-node", fixture_report())).status_code == 200
+        assert len(c.get("/api/v1/nodes/old-node").json()["history"]) == 2
+        assert (
+            c.post("/api/v1/reports", json={"node": "n", "id": "r-1", "report": fixture_report()}).json()["stored"]
+            is False
+        )  # ids stored before the upgrade still deduplicate
+
+
+def test_oversized_body_gets_413_on_the_wire(db_url: str) -> None:
+    server = ManagerProcess(db_url, "--max-body", "4KiB").start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        body = json.dumps(envelope("n", fixture_report())).encode() + b" " * 100_000
+        conn.request("POST", "/api/v1/reports", body=body, headers={**AGENT_H, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 413  # a status, not a connection reset
+        conn.close()
+    finally:
+        server.stop()
+
+
+def test_kill_9_loses_no_acknowledged_report(db_url: str) -> None:
+    server = ManagerProcess(db_url).start()
+    acked: list[str] = []
+    stop = threading.Event()
+    report = json.dumps(fixture_report())
+
+    def stream() -> None:
+        while not stop.is_set():
+            rid = uuid.uuid4().hex
+            body = f'{{"node": "crashy", "id": "{rid}", "report": {report}}}'.encode()
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+                conn.request(
+                    "POST", "/api/v1/reports", body=body, headers={**AGENT_H, "Content-Type": "application/json"}
+                )
+                if conn.getresponse().status == 200:
+                    acked.append(rid)
+                conn.close()
+            except (OSError, http.client.HTTPException):
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(acked) < 60 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.kill9()  # in the middle of the stream
+    time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert len(acked) >= 60
+    server2 = ManagerProcess(db_url).start()  # the restart
+    try:
+        with make_engine(db_url).connect() as conn:
+            stored = set(conn.execute(select(reports.c.ingest_id)).scalars())
+        missing = set(acked) - stored
+        assert not missing, f"{len(missing)} acknowledged reports were lost"
+    finally:
+        server2.stop()
