@@ -265,7 +265,7 @@ def test_upgrade_from_the_first_revision_keeps_data(db_url: str) -> None:
             {"t": int(time.time() * 1000)},
         )
     migrate(db_url)
-    assert current_revision(engine) == "0002"
+    assert current_revision(engine) == "0003"
     with TestClient(create_app(Settings(db_url=db_url))) as c:
         node = c.get("/api/v1/nodes/old-node").json()
         assert node["effective_bytes"] == 100 and node["oom_kills_24h"] == 1
@@ -340,3 +340,24 @@ def test_kill_9_loses_no_acknowledged_report(db_url: str) -> None:
         assert not missing, f"{len(missing)} acknowledged reports were lost"
     finally:
         server2.stop()
+
+
+def test_dashboard_pages_need_the_viewer_token(tmp_path: Path) -> None:
+    with make_client(f"sqlite:///{tmp_path / 'd.db'}") as c:
+        post(c, envelope("n1", fixture_report()))
+        r = c.get("/nodes/n1?x=1", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/login?next=/nodes/n1%3Fx%3D1"
+        assert c.get("/", headers=AGENT_H, follow_redirects=False).status_code == 303  # an agent cannot read
+        assert c.get("/", headers=VIEWER_H).status_code == 200
+        bad = c.post("/login", content="token=nope&next=/", follow_redirects=False)
+        assert bad.status_code == 200 and "not valid" in bad.text and "set-cookie" not in bad.headers
+        ok = c.post("/login", content=f"token={VIEWER}&next=//evil.example/", follow_redirects=False)
+        assert ok.status_code == 303 and ok.headers["location"] == "/"  # never off-site after login
+        assert "httponly" in ok.headers["set-cookie"].lower() and "samesite=strict" in ok.headers["set-cookie"].lower()
+        page = c.get("/nodes/n1")  # the cookie from /login
+        assert page.status_code == 200 and "342 GiB" in page.text
+        assert c.get("/api/v1/nodes/n1").status_code == 200  # the raw JSON link works with the cookie too
+        assert c.get("/nodes/nope").status_code == 404 and c.get("/nodes/bad%20name").status_code == 404
+        assert "server-timing" in page.headers and "script-src 'self'" in page.headers["content-security-policy"]
+        fragment = c.get("/?fragment=1").text
+        assert fragment.lstrip().startswith('<section class="cards">') and "<html" not in fragment

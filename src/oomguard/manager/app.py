@@ -11,11 +11,12 @@ from __future__ import annotations
 import hmac
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Response
+from fastapi import Cookie, Depends, FastAPI, Header, HTTPException, Path, Query, Response
 from fastapi.responses import JSONResponse
 
 from .. import __version__
@@ -24,6 +25,7 @@ from .metrics import render_metrics
 from .models import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
 from .settings import Settings
 from .store import SORT_KEYS, Store, parse_iso_ms
+from .views import CSP
 
 DRAIN_FACTOR = 16  # read at most this many times the cap before answering 413
 
@@ -78,6 +80,33 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
+class Headers:
+    """ASGI middleware: security headers on every answer, and ``Server-Timing: app;dur=<ms>``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - start) * 1000
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"content-security-policy", CSP.encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                    (b"server-timing", f"app;dur={ms:.2f}".encode()),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 def _bearer(authorization: str | None) -> str | None:
     if authorization and authorization[:7].lower() == "bearer ":
         return authorization[7:].strip()
@@ -123,11 +152,17 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     )
     app.state.store = store
     app.add_middleware(BodyLimit, max_body=settings.max_body)
+    app.add_middleware(Headers)
 
     def agent(authorization: Annotated[str | None, Header()] = None) -> None:
         _check(settings.agent_token, authorization)
 
-    def viewer(authorization: Annotated[str | None, Header()] = None) -> None:
+    def viewer(
+        authorization: Annotated[str | None, Header()] = None,
+        oomguard_viewer: Annotated[str | None, Cookie()] = None,
+    ) -> None:
+        if authorization is None and oomguard_viewer is not None:  # the dashboard's cookie (raw JSON links)
+            authorization = f"Bearer {oomguard_viewer}"
         _check(settings.viewer_token, authorization)
 
     @app.post(
@@ -188,4 +223,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    from .views import install
+
+    install(app, settings, store)
     return app

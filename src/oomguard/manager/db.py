@@ -45,6 +45,7 @@ nodes = Table(
     Column("memlock_soft_bytes", BigInteger),
     Column("warnings", Text),  # JSON list of warning codes of the latest report
     Column("gpus", Text),  # JSON list of {index, name, memory_total_bytes, memory_free_bytes}
+    Column("concurrency", Integer),  # the plan's concurrency, when the agent plans
 )
 
 reports = Table(

@@ -60,6 +60,10 @@ class WarningIn(_Open):
     message: Annotated[str, Field(max_length=4000)] = ""
 
 
+class PlanIn(_Open):
+    concurrency: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+
+
 class ReportIn(_Open):
     schema_version: Annotated[int, Field(ge=1, le=1000)]
     memory: MemoryIn
@@ -68,6 +72,7 @@ class ReportIn(_Open):
     container: ContainerIn = ContainerIn()
     gpus: Annotated[list[GpuIn], Field(max_length=64)] = []
     warnings: Annotated[list[WarningIn], Field(max_length=200)] = []
+    plan: PlanIn | None = None
 
 
 class ReportEnvelope(BaseModel):

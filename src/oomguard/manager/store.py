@@ -20,6 +20,7 @@ from sqlalchemy import Engine, and_, bindparam, case, delete, func, insert, or_,
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from ..units import format_size
 from .db import events, nodes, reports
 from .models import EventEnvelope, ReportEnvelope
 
@@ -244,6 +245,7 @@ class Store:
             "b_interval": int(env.interval_s * 1000) if env.interval_s else None,
             "b_warnings": json.dumps([w.code for w in r.warnings]),
             "b_gpus": json.dumps(gpus),
+            "b_concurrency": r.plan.concurrency if r.plan is not None else None,
         }
         return _ReportItem(env.node, t, row, latest)
 
@@ -262,6 +264,7 @@ class Store:
             interval_ms=bindparam("b_interval"),
             warnings=bindparam("b_warnings"),
             gpus=bindparam("b_gpus"),
+            concurrency=bindparam("b_concurrency"),
         )
     )
 
@@ -370,7 +373,15 @@ class Store:
         self, *, status: str | None = None, q: str | None = None, limit: int = 100, offset: int = 0, sort: str = "name"
     ) -> dict[str, Any]:
         now = now_ms()
-        st, oom = self._status(now).label("status"), self._oom_24h(now).label("oom_kills_24h")
+        st = self._status(now).label("status")
+        # OOM kills per node in the last day, counted once and joined (not a subquery per row).
+        counts = (
+            select(events.c.node_id, func.count(events.c.id).label("n"))
+            .where(and_(events.c.reason == "oom-kill", events.c.received_ms > now - DAY_MS))
+            .group_by(events.c.node_id)
+            .subquery()
+        )
+        oom = func.coalesce(counts.c.n, 0).label("oom_kills_24h")
         conds = []
         if status:
             conds.append(self._status(now) == status)
@@ -383,7 +394,14 @@ class Store:
         special: dict[str, Any] = {"status": st, "oom_kills_24h": oom, "last_seen": nodes.c.last_seen_ms}
         column = special[key] if key in special else nodes.c[key]
         order = [column.desc() if sort.startswith("-") else column.asc(), nodes.c.name.asc()]
-        rows_q = select(nodes, st, oom).order_by(*order).limit(limit).offset(offset)
+        summary_columns = [c for c in nodes.c if c.name != "latest_report"]  # not the 2 KB report per row
+        rows_q = (
+            select(*summary_columns, st, oom)
+            .select_from(nodes.outerjoin(counts, counts.c.node_id == nodes.c.id))
+            .order_by(*order)
+            .limit(limit)
+            .offset(offset)
+        )
         if where is not None:
             total_q, rows_q = total_q.where(where), rows_q.where(where)
         with self.engine.connect() as conn:
@@ -406,6 +424,7 @@ class Store:
             "memlock_soft_bytes": r["memlock_soft_bytes"],
             "oom_kills_24h": int(r["oom_kills_24h"] or 0),
             "warnings": json.loads(r["warnings"]) if r["warnings"] else [],
+            "concurrency": r["concurrency"],
         }
 
     def node_detail(self, name: str, *, events_limit: int = 500) -> dict[str, Any] | None:
@@ -454,11 +473,39 @@ class Store:
         out["events"] = [{**json.loads(e[1]), "received": iso(e[0])} for e in evs]
         return out
 
-    def alerts(self) -> list[dict[str, Any]]:
+    def alerts(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Alerts of every node; the database finds the nodes that have one (cheap at 10,000 nodes)."""
         now = now_ms()
+        status = self._status(now)
+        recent_oom = (
+            select(events.c.node_id)
+            .where(and_(events.c.reason == "oom-kill", events.c.received_ms > now - HOUR_MS))
+            .distinct()
+        )
+        query = (
+            select(
+                nodes.c.id,
+                nodes.c.name,
+                nodes.c.effective_bytes,
+                nodes.c.host_total_bytes,
+                nodes.c.budget_bytes,
+                nodes.c.warnings,
+                nodes.c.last_seen_ms,
+                status.label("status"),
+            )
+            .where(
+                or_(
+                    status == "offline",
+                    nodes.c.budget_bytes > nodes.c.effective_bytes,
+                    nodes.c.warnings.like('%"memlock-too-low"%'),
+                    nodes.c.id.in_(recent_oom),
+                )
+            )
+            .order_by(nodes.c.name)
+        )
         out: list[dict[str, Any]] = []
         with self.engine.connect() as conn:
-            rows = conn.execute(select(nodes, self._status(now).label("status"))).mappings().all()
+            rows = conn.execute(query).mappings().all()
             ooms: dict[int, int] = {
                 int(node_id): int(count)
                 for node_id, count in conn.execute(
@@ -468,7 +515,31 @@ class Store:
                 ).all()
             }
         for r in rows:
-            out.extend(node_alerts(r, int(ooms.get(r["id"], 0))))
+            out.extend(node_alerts(r, ooms.get(r["id"], 0)))
+            if limit is not None and len(out) >= limit:
+                return out[:limit]
+        return out
+
+    def summary(self) -> dict[str, int]:
+        """The dashboard's cards: nodes online and offline, their total effective memory, OOM kills today."""
+        now = now_ms()
+        status = self._status(now)
+        out = {"online": 0, "offline": 0, "effective_bytes": 0}
+        with self.engine.connect() as conn:
+            for st, count, total in conn.execute(
+                select(status, func.count(nodes.c.id), func.coalesce(func.sum(nodes.c.effective_bytes), 0)).group_by(
+                    status
+                )
+            ).all():
+                out[st] = int(count)
+                out["effective_bytes"] += int(total)
+            out["oom_kills_24h"] = int(
+                conn.execute(
+                    select(func.count(events.c.id)).where(
+                        and_(events.c.reason == "oom-kill", events.c.received_ms > now - DAY_MS)
+                    )
+                ).scalar_one()
+            )
         return out
 
     def metric_rows(self) -> list[dict[str, Any]]:
@@ -517,11 +588,15 @@ def node_alerts(r: Any, ooms_last_hour: int) -> list[dict[str, Any]]:
             alert(
                 "budget-from-host",
                 "critical",
-                f"budget {budget} bytes looks sized from the host's RAM ({host} bytes), "
-                f"far above the container limit ({eff} bytes): the outage oomguard exists for",
+                f"budget {format_size(budget)} looks sized from the host's RAM ({format_size(host)}), "
+                f"far above the container limit ({format_size(eff)}): the outage oomguard exists for",
             )
         else:
-            alert("budget-above-limit", "critical", f"budget {budget} bytes is above the effective limit {eff} bytes")
+            alert(
+                "budget-above-limit",
+                "critical",
+                f"budget {format_size(budget)} is above the effective limit {format_size(eff)}",
+            )
     warnings = json.loads(r["warnings"]) if r["warnings"] else []
     if "memlock-too-low" in warnings:
         alert("memlock-below-pinned-need", "critical", "RLIMIT_MEMLOCK is below the plan's pinned need")

@@ -1,0 +1,155 @@
+"""Dashboard at fleet scale: 10,000 nodes with 30 days of history at the default 30 s interval,
+thinned by retention (every report of the last hour, then one per hour: 839 per node, 8.4 M rows).
+Measures the server time (the manager's own Server-Timing header) of the first page and of node pages
+(goals: under 150 ms and under 100 ms).
+
+Usage: python bench/dashboard.py [--nodes 10000] [--db sqlite|postgresql] [--runs 20]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from fastapi.testclient import TestClient  # noqa: E402
+from sqlalchemy import insert  # noqa: E402
+from tests.manager_helpers import fixture_report  # noqa: E402
+from tests.pg import PostgresServer  # noqa: E402
+
+from oomguard.manager.app import create_app  # noqa: E402
+from oomguard.manager.db import events, make_engine, migrate, nodes, reports  # noqa: E402
+from oomguard.manager.settings import Settings  # noqa: E402
+from oomguard.manager.store import Store  # noqa: E402
+
+HOUR = 3_600_000
+
+
+def arg(name: str, default: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+def populate(url: str, n_nodes: int) -> float:
+    migrate(url)
+    engine = make_engine(url)
+    report = fixture_report()
+    latest = json.dumps(report)
+    now = int(time.time() * 1000)
+    times = [now - i * 30_000 for i in range(120)] + [now - HOUR - i * HOUR for i in range(719)]
+    t0 = time.perf_counter()
+    with engine.begin() as conn:
+        conn.execute(
+            insert(nodes),
+            [
+                {
+                    "name": f"node-{i:05d}",
+                    "first_seen_ms": now - 30 * 24 * HOUR,
+                    "last_seen_ms": now - (i % 7) * 1000,
+                    "interval_ms": 30_000,
+                    "latest_report": latest,
+                    "effective_bytes": 342 << 30,
+                    "host_total_bytes": 503 << 30,
+                    "budget_bytes": (332 if i % 50 else 500) << 30,
+                    "limited_by": "cgroup-v2",
+                    "runtime": "docker",
+                    "memlock_soft_bytes": 8 << 20,
+                    "warnings": "[]",
+                    "gpus": json.dumps([{"index": 0, "name": "H100", "memory_total_bytes": 80 << 30}]),
+                    "concurrency": 18,
+                }
+                for i in range(n_nodes)
+            ],
+        )
+    ingest = 0
+    for first in range(1, n_nodes + 1, 500):
+        rows = [
+            {
+                "node_id": node_id,
+                "ingest_id": f"r-{node_id}-{k}",
+                "received_ms": t,
+                "effective_bytes": 342 << 30,
+                "budget_bytes": 332 << 30,
+                "usage_bytes": (200 + k % 50) << 30,
+                "working_set_bytes": (150 + k % 40) << 30,
+            }
+            for node_id in range(first, min(first + 500, n_nodes + 1))
+            for k, t in enumerate(times)
+        ]
+        with engine.begin() as conn:
+            conn.execute(insert(reports), rows)
+        ingest += len(rows)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(events),
+            [
+                {
+                    "node_id": i,
+                    "ingest_id": f"e-{i}-{k}",
+                    "received_ms": now - k * 7 * HOUR,
+                    "kind": "exit",
+                    "reason": "oom-kill",
+                    "signal": 9,
+                    "body": json.dumps({"event": "exit", "reason": "oom-kill"}),
+                }
+                for i in range(1, n_nodes + 1, 10)
+                for k in range(3)
+            ],
+        )
+    return time.perf_counter() - t0
+
+
+def server_ms(client: TestClient, path: str) -> float:
+    r = client.get(path)
+    assert r.status_code == 200, (path, r.status_code)
+    return float(r.headers["server-timing"].split("dur=")[1])
+
+
+def measure(url: str, n_nodes: int, runs: int, label: str) -> None:
+    seconds = populate(url, n_nodes)
+    store = Store(make_engine(url))
+    with TestClient(create_app(Settings(db_url=url), store)) as client:
+        for path in ("/", "/nodes/node-00042"):
+            server_ms(client, path)  # warm
+        first = [server_ms(client, "/") for _ in range(runs)]
+        sorted_page = [server_ms(client, "/?sort=-oom_kills_24h") for _ in range(runs)]
+        node = [server_ms(client, f"/nodes/node-{(i * 37) % n_nodes:05d}") for i in range(runs)]
+        api = [server_ms(client, "/api/v1/nodes?limit=50") for _ in range(runs)]
+    print(
+        f"{label}: {n_nodes} nodes, {n_nodes * 839} history rows, {n_nodes // 10 * 3} OOM events "
+        f"(populated in {seconds:.0f} s)"
+    )
+    for name, xs, goal in (
+        ("first page /", first, 150),
+        ("/?sort=-oom_kills_24h", sorted_page, 150),
+        ("node page /nodes/NAME", node, 100),
+        ("API /api/v1/nodes?limit=50", api, None),
+    ):
+        med = statistics.median(xs)
+        verdict = "" if goal is None else f"   goal < {goal} ms: {'met' if med < goal else 'NOT met'}"
+        print(f"  {name:<28} median {med:7.1f} ms, max {max(xs):7.1f} ms{verdict}")
+
+
+def main() -> None:
+    n = int(arg("--nodes", "10000"))
+    runs = int(arg("--runs", "20"))
+    db = arg("--db", "sqlite")
+    if db == "sqlite":
+        with tempfile.TemporaryDirectory() as d:
+            measure(f"sqlite:///{d}/fleet.db", n, runs, "SQLite")
+    else:
+        pg = PostgresServer()
+        pg.start()
+        try:
+            measure(pg.create_db("dash"), n, runs, "PostgreSQL")
+        finally:
+            pg.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The dashboard in a real browser: headless Chromium (Debian's package) driven by Playwright."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import REPO
+from .manager_helpers import AGENT_H, VIEWER, ManagerProcess, fixture_report
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = REPO / "test-artifacts"
+HOSTILE = "<script>alert(1)</script>"
+
+try:
+    from playwright.sync_api import Browser, Page, sync_playwright
+except ImportError:  # pragma: no cover - the dev extra installs it
+    sync_playwright = None  # type: ignore[assignment]
+
+pytestmark = pytest.mark.skipif(
+    sync_playwright is None or not os.path.exists(CHROMIUM),
+    reason="needs Playwright (dev extra) and Debian's chromium (scripts/system-deps.sh installs it)",
+)
+if sync_playwright is None or not os.path.exists(CHROMIUM):
+    print("\nSKIP browser tests: Playwright or /usr/bin/chromium missing", file=sys.stderr)
+
+
+def api(server: ManagerProcess, path: str, body: dict[str, Any]) -> None:
+    req = urllib.request.Request(
+        server.url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={**AGENT_H, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]:
+    db = tmp_path_factory.mktemp("dash") / "fleet.db"
+    s = ManagerProcess(f"sqlite:///{db}").start()
+    small = fixture_report("docker_v2_private_ns_limit_512m")
+    for i in range(57):
+        api(s, "/api/v1/reports", {"node": f"gpu-{i:02d}", "id": uuid.uuid4().hex, "report": small})
+    hostile = fixture_report(budget="500GiB")  # the outage: a budget sized from the host
+    hostile["warnings"].append({"code": "xss", "message": HOSTILE})
+    hostile["memory"]["cgroup"]["path"] = f"/kubepods/{HOSTILE}"
+    hostile["gpus"] = [
+        {"index": 0, "name": f"H100 {HOSTILE}", "memory_total_bytes": 80 << 30, "memory_free_bytes": 70 << 30}
+    ]
+    hostile["plan"] = {"concurrency": 18}
+    api(s, "/api/v1/reports", {"node": "evil-node", "id": uuid.uuid4().hex, "report": hostile})
+    api(
+        s,
+        "/api/v1/events",
+        {
+            "node": "evil-node",
+            "id": uuid.uuid4().hex,
+            "event": {"event": "exit", "reason": "oom-kill", "signal": 9, "message": HOSTILE},
+        },
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        yield b
+        b.close()
+
+
+class Watch:
+    """Console errors, page errors and dialogs (an alert() would be one) of a page."""
+
+    def __init__(self, page: Page) -> None:
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def logged_in(browser: Browser, server: ManagerProcess, **context: Any) -> tuple[Page, Watch]:
+    page = browser.new_context(**context).new_page()
+    watch = Watch(page)
+    page.goto(server.url + "/")
+    assert "/login" in page.url  # pages need the viewer token too
+    shot(page, "login")
+    page.fill("input[name=token]", "wrong")
+    page.click("button[type=submit]")
+    assert page.locator("p.bad").inner_text() == "That token is not valid."
+    page.fill("input[name=token]", VIEWER)
+    page.click("button[type=submit]")
+    page.wait_for_selector("table.nodes")
+    return page, watch
+
+
+def rows(page: Page) -> list[str]:
+    return page.locator("table.nodes tbody tr td:first-child").all_inner_texts()
+
+
+def test_dashboard_lists_sorts_filters_pages(browser: Browser, server: ManagerProcess) -> None:
+    page, watch = logged_in(browser, server)
+    assert page.locator(".cards .card").first.inner_text().startswith("58")  # online
+    assert len(rows(page)) == 50 and rows(page)[0] == "evil-node"
+    shot(page, "dashboard")
+    page.click("th >> text=Budget")  # sort by budget, ascending
+    assert "sort=budget_bytes" in page.url and rows(page)[-1].startswith("gpu-")
+    page.click("th >> text=Budget")  # and descending: the host-sized budget first
+    assert "sort=-budget_bytes" in page.url and rows(page)[0] == "evil-node"
+    assert page.locator("td.bad").first.inner_text() == "500 GiB"  # budget above the limit, highlighted
+    page.fill("input[name=q]", "gpu-1")
+    page.click("button >> text=Filter")
+    assert rows(page) == [f"gpu-{i}" for i in range(10, 20)][::-1] or sorted(rows(page)) == [
+        f"gpu-{i}" for i in range(10, 20)
+    ]
+    page.goto(server.url + "/")
+    page.click("a >> text=next")
+    assert "offset=50" in page.url and len(rows(page)) == 8
+    alerts = page.locator(".alerts").inner_text()
+    assert "budget-from-host" in alerts and "oom-kills" in alerts
+    assert not watch.errors, watch.errors
+    assert not watch.dialogs
+
+
+def test_node_page_chart_and_hostile_text(browser: Browser, server: ManagerProcess) -> None:
+    page, watch = logged_in(browser, server)
+    page.click("a.node >> text=evil-node")
+    page.wait_for_selector("svg.chart")
+    assert page.locator("svg.chart polyline").count() >= 3  # limit, budget, usage, working set
+    body = page.locator("main").inner_text()
+    assert HOSTILE in body  # shown as text: in the warnings, the GPU name, the cgroup path, the event
+    assert body.count(HOSTILE) >= 4
+    assert page.locator("main script").count() == 0
+    assert "oom-kill" in page.locator("ol.timeline").inner_text()
+    shot(page, "node")
+    raw = page.locator("a >> text=raw JSON").get_attribute("href")
+    assert raw == "/api/v1/nodes/evil-node"
+    page.goto(server.url + raw)  # the cookie works for the raw JSON too
+    assert json.loads(page.locator("body").inner_text())["latest"]["warnings"][-1]["message"] == HOSTILE
+    assert not watch.errors, watch.errors
+    assert not watch.dialogs  # no alert(1) ran
+
+
+def test_auto_refresh_without_reload_and_phone_width(browser: Browser, server: ManagerProcess) -> None:
+    page, watch = logged_in(browser, server, viewport={"width": 390, "height": 844})
+    page.goto(server.url + "/?refresh=1&q=late")
+    assert rows(page) == ["No node matches."]
+    page.evaluate("document.body.dataset.marker = 'same-page'")
+    api(
+        server,
+        "/api/v1/reports",
+        {"node": "late-node", "id": uuid.uuid4().hex, "report": fixture_report("docker_v2_private_ns_limit_512m")},
+    )
+    page.wait_for_selector("a.node >> text=late-node", timeout=10_000)
+    assert page.evaluate("document.body.dataset.marker") == "same-page"  # swapped in, not reloaded
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390 + 1  # the page fits a phone; the wide table scrolls inside its box
+    shot(page, "phone")
+    assert not watch.errors, watch.errors
+
+
+def test_pages_send_a_csp_that_forbids_inline_script(server: ManagerProcess) -> None:
+    req = urllib.request.Request(server.url + "/login")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        csp = r.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp
