@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean system-deps
+.PHONY: run test lint typecheck pytest bench clean system-deps pyz
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,17 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/limits_vs_peers.py
 	$(BIN)/python bench/reserve.py
+
+# The worker side as one file, standard library only (no manager/): python3 dist/oomguard.pyz check.
+# DIST=DIR builds DIR/oomguard.pyz instead (tests/test_pyz.py does). Bytecode of $(PY)'s version
+# rides along (zipimport cannot cache it; other versions compile the sources, a little slower).
+pyz: DIST ?= dist
+pyz:
+	rm -rf $(DIST)/.pyz-stage && mkdir -p $(DIST)/.pyz-stage
+	$(PY) -c "import shutil, sys; shutil.copytree('src/oomguard', sys.argv[1], ignore=shutil.ignore_patterns('manager', '__pycache__', '*.py[co]'))" $(DIST)/.pyz-stage/oomguard
+	$(PY) -m compileall -q -b --invalidation-mode unchecked-hash $(DIST)/.pyz-stage/oomguard
+	$(PY) -m zipapp $(DIST)/.pyz-stage --main 'oomguard.cli:main_exit' --python '/usr/bin/env python3' --compress --output $(DIST)/oomguard.pyz
+	rm -rf $(DIST)/.pyz-stage
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -135,7 +135,12 @@ RUN = Command(
         Option("--manager", "also send events to the fleet manager at URL (spooled when it is down)", "URL"),
         Option("--token", "bearer token for --manager (or OOMGUARD_AGENT_TOKEN)", "TOKEN"),
         Option("--node", "node name for --manager (default: VAST_CONTAINERLABEL, then the hostname)", "NAME"),
-        Option("--spool", "spool directory for --manager (default: $XDG_STATE_HOME/oomguard/spool)", "DIR"),
+        Option(
+            "--spool",
+            "spool directory for --manager (default: $OOMGUARD_SPOOL, "
+            "$XDG_STATE_HOME/oomguard/spool, ~/.local/state/oomguard/spool)",
+            "DIR",
+        ),
     ],
     epilog="Exit status: the worker's (128 + signal when it was killed); 127 when CMD cannot be run.\n"
     "Durations: 500ms, 30s, 5m, 1h or seconds.\n" + EXIT_CODES,
@@ -293,8 +298,16 @@ def run(argv: list[str]) -> int:
 
         return agent_command(values)
     if command is MANAGER:
-        from .manager.cli import manager_command
+        try:
+            from .manager.cli import manager_command
+        except ModuleNotFoundError as exc:  # the worker zipapp ships without the manager
+            if not (exc.name or "").startswith("oomguard.manager"):
+                raise
+            from .errors import UsageError
 
+            raise UsageError(
+                "manager: not in this build (the worker zipapp): pip install 'oomguard[manager]'"
+            ) from None
         return manager_command(values)
     if command is RUN:
         from .run_cli import run_command

@@ -16,12 +16,25 @@ from .errors import UsageError
 from .units import parse_size
 
 SIZE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job", "released_at_gpu")
+# Where the built-in profiles live, for messages: read through the package's loader (pkgutil), not
+# open(), so they are found inside a zip too (``make pyz``: dist/oomguard.pyz).
 BUILTIN = os.path.join(os.path.dirname(__file__), "profiles.json")
 
 
-def _load(path: str) -> dict[str, dict[str, object]]:
+def _read_builtin() -> object:
+    import pkgutil
+
+    data = pkgutil.get_data(__package__ or "oomguard", "profiles.json")
+    if data is None:  # a loader that cannot read package data
+        raise OSError(f"no loader can read the data of package {__package__!r}")
+    return json.loads(data.decode("utf-8"))
+
+
+def _load(path: str, *, builtin: bool = False) -> dict[str, dict[str, object]]:
     try:
-        if path.endswith(".toml"):
+        if builtin:
+            data = _read_builtin()
+        elif path.endswith(".toml"):
             if sys.version_info >= (3, 11):
                 import tomllib  # novermin: guarded by the version check above
 
@@ -44,7 +57,7 @@ def _load(path: str) -> dict[str, dict[str, object]]:
 
 def load_profiles(path: str | None = None) -> dict[str, dict[str, object]]:
     """Built-in profiles, overlaid with those of *path* (a user file wins on a name clash)."""
-    profiles = _load(BUILTIN)
+    profiles = _load(BUILTIN, builtin=True)
     if path is not None:
         profiles.update(_load(path))
     return profiles
