@@ -109,6 +109,7 @@ def test_require(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (["check", "--budget"], "", "oomguard: error: check: --budget needs a value"),
         (["check", "extra"], "", "oomguard: error: check: unexpected argument 'extra'"),
         (["frobnicate"], "", "oomguard: error: unknown command 'frobnicate'"),
+        (["check", "--probe-mlock", "1M"], "", "oomguard: error: check: --probe-mlock and --probe-pinned lock memory"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], env: str, message: str) -> None:

@@ -361,3 +361,14 @@ def test_dashboard_pages_need_the_viewer_token(tmp_path: Path) -> None:
         assert "server-timing" in page.headers and "script-src 'self'" in page.headers["content-security-policy"]
         fragment = c.get("/?fragment=1").text
         assert fragment.lstrip().startswith('<section class="cards">') and "<html" not in fragment
+
+
+def test_a_lost_database_is_503_not_500(tmp_path: Path) -> None:
+    """Writes answer 503 (retry later) while the database cannot be written; nothing is acknowledged."""
+    db = tmp_path / "gone.db"
+    with make_client(f"sqlite:///{db}") as c:
+        assert post(c, envelope("n", fixture_report())).status_code == 200
+        with make_engine(f"sqlite:///{db}").begin() as conn:
+            conn.execute(text("DROP TABLE events"))
+        r = c.post("/api/v1/events", json={"node": "n", "id": "e-1", "event": {"event": "start"}}, headers=AGENT_H)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"

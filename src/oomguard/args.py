@@ -23,7 +23,7 @@ class Option:
 
 
 class Command:
-    __slots__ = ("epilog", "max_positionals", "name", "options", "stop_at_positional", "summary", "usage")
+    __slots__ = ("brief", "epilog", "max_positionals", "name", "options", "stop_at_positional", "summary", "usage")
 
     def __init__(
         self,
@@ -35,8 +35,10 @@ class Command:
         epilog: str = "",
         max_positionals: int = 0,
         stop_at_positional: bool = False,
+        brief: str = "",
     ) -> None:
         self.name = name
+        self.brief = brief or summary  # one line for 'oomguard --help'
         self.summary = summary
         self.usage = usage
         self.options = options
@@ -50,8 +52,8 @@ class Command:
             flag = o.name + (f" {o.metavar}" if o.metavar else "")
             if o.short:
                 flag = f"{o.short}, {flag}"
-            lines.append(f"  {flag:<24} {o.help}")
-        lines.append(f"  {'-h, --help':<24} show this help and exit")
+            lines.append(f"  {flag:<26} {o.help}")
+        lines.append(f"  {'-h, --help':<26} show this help and exit")
         if self.epilog:
             lines += ["", self.epilog]
         return "\n".join(lines) + "\n"

@@ -48,6 +48,7 @@ CHECK = Command(
         Option("--probe-pinned", "really cudaHostAlloc SIZE (libcudart) in a child: memlock.pinned_probe", "SIZE"),
     ],
     epilog="Sizes: B, KiB/MiB/GiB/TiB (K/M/G/T are binary too), KB/MB/GB/TB (decimal).\n" + EXIT_CODES,
+    brief="the memory this process may really use, and a safe budget",
 )
 
 CAPTURE = Command(
@@ -59,6 +60,7 @@ CAPTURE = Command(
     [Option("--force", "overwrite FILE if it exists")],
     epilog=EXIT_CODES,
     max_positionals=1,
+    brief="save what the probe reads as a .tar.gz snapshot",
 )
 
 SHAPE_OPTIONS = [
@@ -86,6 +88,7 @@ PLAN = Command(
         *GPU_OPTIONS,
     ],
     epilog="concurrency = min over memory, memlock, gpu, max_jobs, cpu (ties: that order).\n" + EXIT_CODES,
+    brief="how many jobs of a shape fit, and which constraint binds",
 )
 
 VERIFY = Command(
@@ -102,6 +105,7 @@ VERIFY = Command(
         *GPU_OPTIONS,
     ],
     epilog="Exit 0 when the memory was delivered, 4 when not (an OOM kill or a failed allocation).\n" + EXIT_CODES,
+    brief="allocate the plan for real in child processes: delivered or not",
 )
 
 RUN = Command(
@@ -146,6 +150,7 @@ RUN = Command(
     "Durations: 500ms, 30s, 5m, 1h or seconds.\n" + EXIT_CODES,
     max_positionals=1_000_000,
     stop_at_positional=True,
+    brief="supervise a worker under its budget; tell OOM kills apart; restart",
 )
 
 MANAGER = Command(
@@ -164,6 +169,7 @@ MANAGER = Command(
         Option("--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE"),
     ],
     epilog="Off loopback, both tokens are required. Tokens are compared in constant time.\n" + EXIT_CODES,
+    brief="the fleet manager: API, dashboard, metrics (extra [manager])",
 )
 
 AGENT = Command(
@@ -189,6 +195,7 @@ AGENT = Command(
         *GPU_OPTIONS,
     ],
     epilog="With plan flags the report carries the plan (concurrency, memlock need) too.\n" + EXIT_CODES,
+    brief="send this node's report to the fleet manager (spooled when it is down)",
 )
 
 COMMANDS = {c.name: c for c in (CHECK, PLAN, VERIFY, RUN, CAPTURE, AGENT, MANAGER)}
@@ -198,7 +205,7 @@ MAIN_HELP = f"""usage: oomguard COMMAND [OPTIONS]
 Know the memory a worker may really use inside a container, and keep it there.
 
 commands:
-{chr(10).join(f"  {c.name:<10} {c.summary.split('.')[0]}" for c in COMMANDS.values())}
+{chr(10).join(f"  {c.name:<10} {c.brief}" for c in COMMANDS.values())}
 
 Run 'oomguard COMMAND --help' for a command's options. 'oomguard --version' prints the version.
 
@@ -212,6 +219,12 @@ def _check(values: dict[str, str | bool | None]) -> int:
 
     require = parse_size(str(values["require"]), "--require") if values["require"] is not None else None
     gpu, gpu_timeout = gpu_options(values)
+    if values["root"] is not None and (values["probe_mlock"] is not None or values["probe_pinned"] is not None):
+        from .errors import UsageError
+
+        raise UsageError(
+            "check: --probe-mlock and --probe-pinned lock memory on this machine; they cannot go with --root"
+        )
     pins = {
         kind: parse_size(str(values[key]), "--" + key.replace("_", "-"))
         for kind, key in (("mlock", "probe_mlock"), ("cuda", "probe_pinned"))

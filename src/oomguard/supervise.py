@@ -144,8 +144,8 @@ class Supervisor:
                 os.killpg(self.child.pid, signum)
 
     # -- one start -------------------------------------------------------------------------
-    def _prepare(self) -> tuple[dict[str, Any], int | None, str | None]:
-        """(report, concurrency, a note on what was lowered)."""
+    def _prepare(self) -> tuple[dict[str, Any], int | None]:
+        """(report, concurrency), computed afresh before each start."""
         report: Any = probe(root=self.cfg.root, budget=self.cfg.budget, margin=self.cfg.margin)
         b = report["budget"]
         if self.extra_margin and b["source"] == "auto" and b["safety_margin_bytes"] is not None:
@@ -157,7 +157,7 @@ class Supervisor:
         if self.cfg.shape is not None:
             planned: int = make_plan(report, self.cfg.shape)["concurrency"]  # type: ignore[assignment]
             concurrency = planned if self.concurrency_cap is None else min(planned, self.concurrency_cap)
-        return report, concurrency, None
+        return report, concurrency
 
     def _env_and_args(self, budget: int, concurrency: int | None) -> tuple[dict[str, str], list[str]]:
         values = {
@@ -228,7 +228,7 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
-            report, concurrency, _ = self._prepare()
+            report, concurrency = self._prepare()
             budget = int(report["budget"]["bytes"])
             if report["budget"]["source"] == "auto":
                 budget = budget // MiB * MiB  # whole MiB, so {budget} reads "21694MiB"

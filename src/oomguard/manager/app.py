@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import Cookie, Depends, FastAPI, Header, HTTPException, Path, Query, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 
 from .. import __version__
 from .db import make_engine
@@ -151,6 +152,14 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         "readers GET nodes, alerts and metrics.",
     )
     app.state.store = store
+
+    @app.exception_handler(DBAPIError)
+    async def database_unavailable(request: Any, exc: DBAPIError) -> JSONResponse:
+        # Not the client's fault and worth a retry: agents keep the report in their spool.
+        return JSONResponse(
+            {"detail": "the database is unavailable; try again later"}, status_code=503, headers={"Retry-After": "5"}
+        )
+
     app.add_middleware(BodyLimit, max_body=settings.max_body)
     app.add_middleware(Headers)
 
