@@ -220,14 +220,17 @@ def _stub_bin(tmp_path: Path, run_body: str) -> Path:
     stub = bin_dir / "oomguard"
     stub.write_text(
         "#!/bin/sh\n"
-        'cmd=$1\nprintf "%s\\n" "$@" > "$STUB_DIR/$cmd.argv"\nenv > "$STUB_DIR/$cmd.env"\n'
+        "cmd=$1\n"
+        # The agent's trap is in place before it says it is ready, so a TERM is never missed.
+        'if [ "$cmd" = agent ]; then trap \'echo TERM > "$STUB_DIR/agent.signal"; exit 0\' TERM; fi\n'
+        'printf "%s\\n" "$@" > "$STUB_DIR/$cmd.argv"\nenv > "$STUB_DIR/$cmd.env"\n'
         'if [ "$cmd" = agent ]; then\n'
-        "  trap 'echo TERM > \"$STUB_DIR/agent.signal\"; exit 0' TERM\n"
+        '  : > "$STUB_DIR/agent.ready"\n'
         "  while :; do sleep 0.02; done\n"
         "fi\n"
         # `run` starts only once the agent is up, so the test sees both.
         'if [ "$OOMGUARD_AGENT" != off ]; then\n'
-        '  i=0; while [ ! -e "$STUB_DIR/agent.argv" ] && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done\n'
+        '  i=0; while [ ! -e "$STUB_DIR/agent.ready" ] && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done\n'
         "fi\n" + run_body
     )
     stub.chmod(0o755)
