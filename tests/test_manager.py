@@ -105,9 +105,9 @@ def test_filters_sorting_and_paging(client: TestClient) -> None:
 
 def test_offline_after_three_missed_intervals(db_url: str) -> None:
     with make_client(db_url) as c:
-        post(c, envelope("slow", fixture_report(), interval_s=0.05))
+        post(c, envelope("slow", fixture_report(), interval_s=0.25))  # offline after 0.75 s
         assert c.get("/api/v1/nodes?status=online", headers=VIEWER_H).json()["total"] == 1
-        time.sleep(0.3)
+        time.sleep(1.0)
         assert [n["name"] for n in c.get("/api/v1/nodes?status=offline", headers=VIEWER_H).json()["nodes"]] == ["slow"]
         kinds = {a["kind"] for a in c.get("/api/v1/alerts", headers=VIEWER_H).json()["alerts"]}
         assert "offline" in kinds

@@ -72,7 +72,7 @@ def to_json(data: object) -> str:
 
 
 def _row(label: str, value: str, note: str = "") -> str:
-    return f"  {label:<16} {value:<12} {note}".rstrip()
+    return f"  {label:<16} {value:<14} {note}".rstrip()
 
 
 def _swap(report: Report) -> str:
@@ -141,6 +141,21 @@ def format_human(report: Report) -> str:
     lines.append(
         _row("effective CPUs", "-" if eff is None else f"{eff:g}", f"limited by {cpu['limited_by']}" if eff else "")
     )
+    gd, gpus = report["gpu_driver"], report["gpus"]
+    lines.append("GPUs")
+    if gd["status"] == "ok":
+        lines.append(_row("visible", str(len(gpus)), f"via {gd['source']}, driver {gd['driver_version'] or '?'}"))
+        lines.extend(
+            _row(
+                f"  {g['index']}",
+                format_size(g["memory_total_bytes"]),
+                f"{g['name']}, {format_size(g['memory_free_bytes'])} free",
+            )
+            for g in gpus
+        )
+    else:
+        gpu_why = {"no-driver": "no NVIDIA driver", "skipped": "--no-gpu", "failed": "the probe failed: see warnings"}
+        lines.append(_row("visible", "none" if gd["status"] != "failed" else "unknown", gpu_why.get(gd["status"], "")))
     lines.append("Container")
     lines.append(_row("in container", "yes" if ct["in_container"] else "no", ct["runtime"] or ""))
     if ct["provider"]:
