@@ -240,6 +240,14 @@ class Supervisor:
                     message="the plan fits 0 jobs in this budget; not starting the worker",
                 )
                 return 3
+            if self.stopping is not None:  # stopped while the budget was computed: start nothing
+                self.log.emit(
+                    "stop",
+                    budget_bytes=budget,
+                    concurrency=concurrency,
+                    message=f"stopped by signal {self.stopping} before the start",
+                )
+                return 128 + self.stopping
             env, args = self._env_and_args(budget, concurrency)
             isolation = self._isolation(report, budget)
             oom_source = isolation.oom_source if isolation else (report["memory"]["oom"] or {}).get("source")
