@@ -158,9 +158,17 @@ def test_retention_thins_history_but_keeps_oom_events(db_url: str) -> None:
     store = Store(engine, retention_s=30 * 86400)
     with TestClient(create_app(Settings(db_url=db_url), store)) as c:
         now = time.time()
-        for minutes in range(0, 3 * 60, 10):  # 18 reports over the last 3 hours
-            t = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - minutes * 60))
-            assert c.post("/api/v1/reports", json=envelope("n", fixture_report(), time=t)).json()["stored"]
+        hour0 = now // 3600 * 3600  # the start of this clock hour: buckets are clock hours
+
+        def at(t: float) -> str:
+            return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(t))
+
+        # Three clock hours, two to four hours back, with four reports each (all older than an hour),
+        # and three reports of the last 30 minutes. Nothing sits near a boundary.
+        old_times = [hour0 - h * 3600 + m * 60 for h in (2, 3, 4) for m in (5, 20, 35, 50)]
+        recent_times = [now - m * 60 for m in (5, 15, 25)]
+        for t in old_times + recent_times:
+            assert c.post("/api/v1/reports", json=envelope("n", fixture_report(), time=at(t))).json()["stored"]
         old = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - 20 * 86400))
         c.post(
             "/api/v1/events",
@@ -172,10 +180,9 @@ def test_retention_thins_history_but_keeps_oom_events(db_url: str) -> None:
         )
     result = store.thin()
     history = TestClient(create_app(Settings(db_url=db_url), store)).get("/api/v1/nodes/n").json()["history"]
-    # The last hour stays whole (6-7 reports); older hours keep one report each.
-    recent = [h for h in history if h["time"] > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now - 3600))]
-    assert 6 <= len(recent) <= 7 and len(history) - len(recent) in (2, 3)
-    assert result["thinned_reports"] == 18 - len(history)
+    # The last hour stays whole; each older clock hour keeps one report (its first stored).
+    assert [h["time"][:19] for h in history[-3:]] == [at(t)[:19] for t in sorted(recent_times)]
+    assert len(history) == 3 + 3 and result["thinned_reports"] == 12 - 3
     short = Store(engine, retention_s=10 * 86400)  # a shorter retention drops old events, never OOM kills
     assert short.thin()["expired_events"] == 1
     events = TestClient(create_app(Settings(db_url=db_url), short)).get("/api/v1/nodes/n").json()["events"]
