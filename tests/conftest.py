@@ -6,6 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The machine is shared and noisy: no per-example deadline (speed is for bench/, not tests).
+settings.register_profile("oomguard", deadline=None)
+settings.load_profile("oomguard")
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
