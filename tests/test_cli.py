@@ -10,7 +10,7 @@ import pytest
 
 from oomguard.cli import main
 
-from .conftest import FIXTURES, run_oomguard
+from .conftest import run_oomguard
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -195,7 +195,3 @@ def run_oomguard_code(code: str):  # type: ignore[no-untyped-def]
         env=env,
         timeout=60,
     )
-
-
-def test_fixture_dir_exists() -> None:
-    assert FIXTURES.is_dir()

@@ -105,7 +105,7 @@ def test_missing_nvidia_smi_with_a_driver(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 @pytest.mark.usefixtures("fake_smi")
-def test_check_still_exits_0_and_no_gpu_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_gpu_skips_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     report = gpu_report(monkeypatch, "8", gpu=False)
     assert report["gpus"] == [] and report["gpu_driver"]["status"] == "skipped"
 
