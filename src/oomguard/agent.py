@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
+from .events import iso_now
 
 EXIT_DELIVERED = 0
 EXIT_SPOOLED = 75  # EX_TEMPFAIL: the item is spooled, a later run delivers it
@@ -444,18 +445,12 @@ class Sender:
 
     def report(self, node: str, report: dict[str, Any], interval_s: float | None) -> bool:
         """Send a ``check`` report; True when nothing is left in the spool."""
-        body = {"node": node, "id": uuid.uuid4().hex, "report": report, "interval_s": interval_s, "time": _now_iso()}
+        body = {"node": node, "id": uuid.uuid4().hex, "report": report, "interval_s": interval_s, "time": iso_now()}
         return self.send("report", body)
 
     def event(self, node: str, event: dict[str, Any]) -> bool:
         """Send a supervisor event; True when nothing is left in the spool."""
         return self.send("event", {"node": node, "id": uuid.uuid4().hex, "event": event})
-
-
-def _now_iso() -> str:
-    """When the report was made: a spooled report keeps its own time at the manager."""
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 def _wait(sender: Sender, interval: float, spent: float, sleep: Callable[[float], None]) -> None:

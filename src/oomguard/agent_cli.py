@@ -8,17 +8,18 @@ import uuid
 from typing import Any
 
 from .agent import Sender, Spool, default_node_name, default_spool_dir, run_agent, sanitize_node_name
+from .args import text
 from .errors import UsageError
-from .plan_cli import Values, _s, shape_from_flags
+from .plan_cli import Values, shape_from_flags
 from .units import parse_duration
 
 
 def _token(values: Values) -> str:
-    return _s(values, "token") or os.environ.get("OOMGUARD_AGENT_TOKEN", "")
+    return text(values, "token") or os.environ.get("OOMGUARD_AGENT_TOKEN", "")
 
 
 def _node(values: Values) -> str:
-    name = _s(values, "node")
+    name = text(values, "node")
     return sanitize_node_name(name) if name else default_node_name(dict(os.environ))
 
 
@@ -27,17 +28,17 @@ def agent_command(values: Values) -> int:
     from .cli import gpu_options
     from .plan import make_plan
 
-    manager = _s(values, "manager")
+    manager = text(values, "manager")
     if not manager:
         raise UsageError("agent: --manager URL is required (see 'oomguard agent --help')")
-    interval = parse_duration(_s(values, "interval") or "30s", "--interval")
+    interval = parse_duration(text(values, "interval") or "30s", "--interval")
     shape = shape_from_flags(values, required=False)
     gpu, gpu_timeout = gpu_options(values)
 
     def make_report() -> dict[str, Any]:
         report: dict[str, Any] = probe(
-            budget=_s(values, "budget"),
-            margin=_s(values, "margin"),
+            budget=text(values, "budget"),
+            margin=text(values, "margin"),
             gpu=gpu,  # type: ignore[assignment]
             gpu_timeout=gpu_timeout,
         )
@@ -52,7 +53,7 @@ def agent_command(values: Values) -> int:
             node=_node(values),
             interval=interval,
             once=bool(values.get("once")),
-            spool_dir=_s(values, "spool") or default_spool_dir(dict(os.environ)),
+            spool_dir=text(values, "spool") or default_spool_dir(dict(os.environ)),
             make_report=make_report,
         )
     except ValueError as exc:
@@ -91,9 +92,9 @@ class EventForwarder:
 
 
 def forwarder(values: Values) -> EventForwarder | None:
-    manager = _s(values, "manager")
+    manager = text(values, "manager")
     if manager is None:
         return None
     return EventForwarder(
-        manager, _token(values), _node(values), _s(values, "spool") or default_spool_dir(dict(os.environ))
+        manager, _token(values), _node(values), text(values, "spool") or default_spool_dir(dict(os.environ))
     )

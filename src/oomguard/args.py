@@ -99,3 +99,9 @@ class Command:
             extra = positionals[self.max_positionals]
             raise UsageError(f"{self.name}: unexpected argument {extra!r} (see 'oomguard {self.name} --help')")
         return values, positionals
+
+
+def text(values: dict[str, str | bool | None], key: str) -> str | None:
+    """The value given to an option, or None when it was not given (or is a boolean flag)."""
+    v = values.get(key)
+    return v if isinstance(v, str) else None

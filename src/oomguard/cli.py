@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 
 from . import __version__
-from .args import Command, Option
-from .errors import EXIT_USAGE, OomguardError
+from .args import Command, Option, text
+from .errors import EXIT_USAGE, OomguardError, UsageError
 
 EXIT_CODES = """exit codes:
   0   ok (check still exits 0 when it has warnings)
@@ -220,8 +220,6 @@ def _check(values: dict[str, str | bool | None]) -> int:
     require = parse_size(str(values["require"]), "--require") if values["require"] is not None else None
     gpu, gpu_timeout = gpu_options(values)
     if values["root"] is not None and (values["probe_mlock"] is not None or values["probe_pinned"] is not None):
-        from .errors import UsageError
-
         raise UsageError(
             "check: --probe-mlock and --probe-pinned lock memory on this machine; they cannot go with --root"
         )
@@ -231,9 +229,9 @@ def _check(values: dict[str, str | bool | None]) -> int:
         if values[key] is not None
     }
     report = probe(
-        root=_str(values["root"]),
-        budget=_str(values["budget"]),
-        margin=_str(values["margin"]),
+        root=text(values, "root"),
+        budget=text(values, "budget"),
+        margin=text(values, "margin"),
         gpu=gpu,
         gpu_timeout=gpu_timeout,
     )
@@ -258,7 +256,6 @@ def _check(values: dict[str, str | bool | None]) -> int:
 
 
 def _capture(values: dict[str, str | bool | None], positionals: list[str]) -> int:
-    from .errors import UsageError
     from .snapshot import capture
 
     if not positionals:
@@ -271,16 +268,12 @@ def _capture(values: dict[str, str | bool | None], positionals: list[str]) -> in
 def gpu_options(values: dict[str, str | bool | None]) -> tuple[bool, float]:
     """(gpu, gpu_timeout) for ``probe()`` from --no-gpu / --gpu-timeout."""
     timeout = 5.0
-    text = _str(values.get("gpu_timeout"))
-    if text is not None:
+    timeout_text = text(values, "gpu_timeout")
+    if timeout_text is not None:
         from .units import parse_duration
 
-        timeout = parse_duration(text, "--gpu-timeout")
+        timeout = parse_duration(timeout_text, "--gpu-timeout")
     return not values.get("no_gpu"), timeout
-
-
-def _str(v: str | bool | None) -> str | None:
-    return v if isinstance(v, str) else None
 
 
 def run(argv: list[str]) -> int:
@@ -295,8 +288,6 @@ def run(argv: list[str]) -> int:
         return 0
     command = COMMANDS.get(argv[0])
     if command is None:
-        from .errors import UsageError
-
         raise UsageError(f"unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)}; see 'oomguard --help')")
     values, positionals = command.parse(argv[1:])
     if values.get("help"):
@@ -316,8 +307,6 @@ def run(argv: list[str]) -> int:
         except ModuleNotFoundError as exc:  # the worker zipapp ships without the manager
             if not (exc.name or "").startswith("oomguard.manager"):
                 raise
-            from .errors import UsageError
-
             raise UsageError(
                 "manager: not in this build (the worker zipapp): pip install 'oomguard[manager]'"
             ) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .api import probe
+from .args import text
 from .errors import EXIT_VERIFY_FAILED, ThresholdError, UsageError
 from .plan import CONSTRAINTS, Shape, make_plan
 from .units import format_size, parse_size
@@ -14,11 +15,6 @@ if TYPE_CHECKING:
     from ._types import Report
 
 Values = dict[str, "str | bool | None"]
-
-
-def _s(values: Values, key: str) -> str | None:
-    v = values.get(key)
-    return v if isinstance(v, str) else None
 
 
 def parse_count(text: str, flag: str) -> int:
@@ -46,20 +42,20 @@ def shape_from_flags(values: Values, *, required: bool = True) -> Shape | None:
     from .profiles import load_profiles, profile_values
 
     fields: dict[str, object] = {}
-    name = _s(values, "profile")
+    name = text(values, "profile")
     if name is not None:
-        profiles = load_profiles(_s(values, "profiles"))
+        profiles = load_profiles(text(values, "profiles"))
         if name not in profiles:
             raise UsageError(f"--profile: unknown profile {name!r} (known: {', '.join(sorted(profiles))})")
         fields.update(profile_values(name, profiles[name]))
         fields["profile"] = name
     for key in ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job"):
-        text = _s(values, key)
-        if text is not None:
-            fields[key] = parse_size(text, "--" + key.replace("_", "-"))
-    if _s(values, "max_jobs") is not None:
+        given = text(values, key)
+        if given is not None:
+            fields[key] = parse_size(given, "--" + key.replace("_", "-"))
+    if text(values, "max_jobs") is not None:
         fields["max_jobs"] = parse_count(str(values["max_jobs"]), "--max-jobs")
-    if _s(values, "cpus_per_job") is not None:
+    if text(values, "cpus_per_job") is not None:
         fields["cpus_per_job"] = parse_number(str(values["cpus_per_job"]), "--cpus-per-job")
     if "per_job" not in fields:
         if fields or required:
@@ -74,9 +70,9 @@ def _report(values: Values) -> Report:
 
     gpu, gpu_timeout = gpu_options(values)
     return probe(
-        root=_s(values, "root"),
-        budget=_s(values, "budget"),
-        margin=_s(values, "margin"),
+        root=text(values, "root"),
+        budget=text(values, "budget"),
+        margin=text(values, "margin"),
         gpu=gpu,
         gpu_timeout=gpu_timeout,
     )
@@ -85,7 +81,7 @@ def _report(values: Values) -> Report:
 def _list_profiles(values: Values) -> int:
     from .profiles import load_profiles
 
-    for name, p in sorted(load_profiles(_s(values, "profiles")).items()):
+    for name, p in sorted(load_profiles(text(values, "profiles")).items()):
         sys.stdout.write(
             f"{name:<16} per_job {p.get('per_job')}, baseline {p.get('baseline', 0)}, "
             f"max_jobs {p.get('max_jobs', '-')}: {p.get('description', '')}\n"
@@ -96,7 +92,7 @@ def _list_profiles(values: Values) -> int:
 def plan_command(values: Values) -> int:
     if values.get("list_profiles"):
         return _list_profiles(values)
-    require = parse_count(str(values["require_jobs"]), "--require-jobs") if _s(values, "require_jobs") else None
+    require = parse_count(str(values["require_jobs"]), "--require-jobs") if text(values, "require_jobs") else None
     shape = shape_from_flags(values)
     assert shape is not None
     report = _report(values)
@@ -133,10 +129,10 @@ def format_plan(result: dict[str, object], report: Report) -> str:
 def verify_command(values: Values) -> int:
     from .verify import format_verify, verify
 
-    fraction = parse_number(str(values["fraction"]), "--fraction") if _s(values, "fraction") else 1.0
+    fraction = parse_number(str(values["fraction"]), "--fraction") if text(values, "fraction") else 1.0
     if fraction > 1:
         raise UsageError(f"--fraction: must be at most 1, got {values['fraction']!r}")
-    hold = parse_number(str(values["hold"]), "--hold") if _s(values, "hold") else 3.0
+    hold = parse_number(str(values["hold"]), "--hold") if text(values, "hold") else 3.0
     shape = shape_from_flags(values, required=False)
     report = _report(values)
     result = verify(report, shape, fraction=fraction, hold=hold)

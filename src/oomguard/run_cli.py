@@ -2,45 +2,50 @@
 
 from __future__ import annotations
 
+from .args import text
 from .errors import UsageError
 from .events import EventLog
-from .plan_cli import Values, _s, parse_count, parse_number, shape_from_flags
+from .plan_cli import Values, parse_count, parse_number, shape_from_flags
 from .restart import RestartPolicy
 from .supervise import RunConfig, Supervisor
 from .units import parse_duration
 
 
 def _duration(values: Values, key: str, default: float) -> float:
-    text = _s(values, key)
-    return default if text is None else parse_duration(text, "--" + key.replace("_", "-"))
+    given = text(values, key)
+    return default if given is None else parse_duration(given, "--" + key.replace("_", "-"))
 
 
 def run_command(values: Values, command: list[str]) -> int:
     policy = RestartPolicy(
-        _s(values, "restart") or "on-failure",
+        text(values, "restart") or "on-failure",
         backoff_initial=_duration(values, "backoff_initial", 1.0),
         backoff_max=_duration(values, "backoff_max", 300.0),
         backoff_factor=parse_number(str(values["backoff_factor"]), "--backoff-factor")
-        if _s(values, "backoff_factor")
+        if text(values, "backoff_factor")
         else 2.0,
         healthy_after=_duration(values, "healthy_after", 600.0),
-        max_restarts=parse_count(str(values["max_restarts"]), "--max-restarts") if _s(values, "max_restarts") else None,
+        max_restarts=parse_count(str(values["max_restarts"]), "--max-restarts")
+        if text(values, "max_restarts")
+        else None,
         window=_duration(values, "restart_window", 600.0),
     )
-    min_conc = parse_count(str(values["min_concurrency"]), "--min-concurrency") if _s(values, "min_concurrency") else 1
+    min_conc = (
+        parse_count(str(values["min_concurrency"]), "--min-concurrency") if text(values, "min_concurrency") else 1
+    )
     config = RunConfig(
         command,
-        budget=_s(values, "budget"),
-        margin=_s(values, "margin"),
+        budget=text(values, "budget"),
+        margin=text(values, "margin"),
         shape=shape_from_flags(values, required=False),
         policy=policy,
-        on_oom=_s(values, "on_oom"),
+        on_oom=text(values, "on_oom"),
         min_concurrency=max(1, min_conc),
         stop_timeout=_duration(values, "stop_timeout", 30.0),
         isolate=bool(values.get("isolate")),
     )
     try:
-        log = EventLog(_s(values, "events"))
+        log = EventLog(text(values, "events"))
     except OSError as exc:
         raise UsageError(f"--events: cannot open {values['events']}: {exc.strerror}") from None
     from .agent_cli import forwarder

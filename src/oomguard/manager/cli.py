@@ -5,32 +5,28 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..args import text
 from ..errors import UsageError
 from ..units import parse_duration, parse_size
 from . import require_extra
-
-
-def _s(values: dict[str, Any], key: str) -> str | None:
-    v = values.get(key)
-    return v if isinstance(v, str) else None
 
 
 def manager_command(values: dict[str, Any]) -> int:
     require_extra()
     from .settings import DEFAULT_DB, Settings
 
-    port_text = _s(values, "port") or "8080"
+    port_text = text(values, "port") or "8080"
     if not port_text.isdigit():
         raise UsageError(f"--port: expected a port number, got {port_text!r}")
     settings = Settings(
-        db_url=_s(values, "db") or DEFAULT_DB,
-        host=_s(values, "host") or "127.0.0.1",
+        db_url=text(values, "db") or DEFAULT_DB,
+        host=text(values, "host") or "127.0.0.1",
         port=int(port_text),
-        agent_token=_s(values, "agent_token") or os.environ.get("OOMGUARD_AGENT_TOKEN") or None,
-        viewer_token=_s(values, "viewer_token") or os.environ.get("OOMGUARD_VIEWER_TOKEN") or None,
-        retention_s=parse_duration(_s(values, "retention") or "30d", "--retention"),
-        interval_s=parse_duration(_s(values, "interval") or "30s", "--interval"),
-        max_body=parse_size(_s(values, "max_body") or "1MiB", "--max-body"),
+        agent_token=text(values, "agent_token") or os.environ.get("OOMGUARD_AGENT_TOKEN") or None,
+        viewer_token=text(values, "viewer_token") or os.environ.get("OOMGUARD_VIEWER_TOKEN") or None,
+        retention_s=parse_duration(text(values, "retention") or "30d", "--retention"),
+        interval_s=parse_duration(text(values, "interval") or "30s", "--interval"),
+        max_body=parse_size(text(values, "max_body") or "1MiB", "--max-body"),
     )
     settings.check()
     from sqlalchemy.exc import SQLAlchemyError

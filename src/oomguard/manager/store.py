@@ -206,11 +206,8 @@ class Store:
             return sent_ms
         return now
 
-    def ingest_report(self, env: ReportEnvelope, report_json: str, sent_ms: int | None = None) -> bool:
-        """Store a report; False when its id was stored before (nothing changes then)."""
-        return bool(self._writer.submit(self._report_writer(env, report_json, sent_ms)))  # type: ignore[arg-type]
-
     async def ingest_report_async(self, env: ReportEnvelope, report_json: str, sent_ms: int | None = None) -> bool:
+        """Store a report; False when its id was stored before (nothing changes then)."""
         return bool(await self._writer.submit_async(self._report_writer(env, report_json, sent_ms)))  # type: ignore[arg-type]
 
     def _report_writer(self, env: ReportEnvelope, report_json: str, sent_ms: int | None) -> _ReportItem:
@@ -291,9 +288,6 @@ class Store:
             conn.execute(insert(reports), rows)
             conn.execute(self._LATEST, list(newest.values()))
         return results
-
-    def ingest_event(self, env: EventEnvelope, body_json: str) -> bool:
-        return bool(self._writer.submit(self._event_writer(env, body_json)))
 
     async def ingest_event_async(self, env: EventEnvelope, body_json: str) -> bool:
         return bool(await self._writer.submit_async(self._event_writer(env, body_json)))
