@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES, REPO
 
 AGENT = "agent-secret-token"
 VIEWER = "viewer-secret-token"
@@ -26,7 +26,7 @@ GiB = 1024**3
 def fixture_report(case: str = "original_503g_host_342g_v2_container", **budget: Any) -> dict[str, Any]:
     """A real report, probed from a fixture tree."""
     from oomguard import probe
-    from oomguard.root import DirRoot
+    from oomguard.sources.root import DirRoot
 
     report: dict[str, Any] = probe(root=DirRoot(str(FIXTURES / case / "root")), **budget)  # type: ignore[assignment]
     return copy.deepcopy(report)

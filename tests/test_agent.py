@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 
-from oomguard.agent import (
-    EXIT_DELIVERED,
-    EXIT_SPOOLED,
+from oomguard.agent.agent import (
     NODE_NAME_CHARS,
     Sender,
     Spool,
@@ -26,6 +24,7 @@ from oomguard.agent import (
     run_agent,
     sanitize_node_name,
 )
+from oomguard.errors import EXIT_OK, EXIT_SPOOLED
 
 TOKEN = "s3cret-token"
 
@@ -384,7 +383,7 @@ def test_run_agent_once_exit_codes(manager: FakeManager, dead_url: str, tmp_path
     common: dict[str, Any] = {"token": TOKEN, "node": "n1", "once": True, "spool_dir": d, "log": Logs()}
     assert run_agent(manager=dead_url, interval=0, make_report=make_report, **common) == EXIT_SPOOLED
     assert len(os.listdir(d)) == 1
-    assert run_agent(manager=manager.url, interval=300, make_report=make_report, **common) == EXIT_DELIVERED
+    assert run_agent(manager=manager.url, interval=300, make_report=make_report, **common) == EXIT_OK
     assert [manager.stored[i]["report"] for i in manager.order] == [{"n": 1}, {"n": 2}]  # the spooled one first
     assert [manager.stored[i]["interval_s"] for i in manager.order] == [None, 300]
     assert os.listdir(d) == []

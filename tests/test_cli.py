@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from oomguard.cli import main
-
-from .conftest import run_oomguard
+from tests.conftest import run_oomguard
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -185,7 +184,7 @@ def run_oomguard_code(code: str):  # type: ignore[no-untyped-def]
     import subprocess
     import sys
 
-    from .conftest import REPO
+    from tests.conftest import REPO
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.run(

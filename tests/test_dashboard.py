@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import REPO
-from .manager_helpers import AGENT_H, VIEWER, ManagerProcess, fixture_report
+from tests.conftest import REPO
+from tests.manager_helpers import AGENT_H, VIEWER, ManagerProcess, fixture_report
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO / "test-artifacts"

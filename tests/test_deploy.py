@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from oomguard.args import Command
 from oomguard.cli import AGENT, MANAGER, RUN
+from oomguard.commands.flags import Command
 from oomguard.errors import UsageError
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"
 WORKER = DEPLOY / "worker"
@@ -659,8 +658,7 @@ def metric_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     from oomguard.manager.app import create_app
     from oomguard.manager.db import migrate
     from oomguard.manager.settings import Settings
-
-    from .manager_helpers import AGENT_H, VIEWER, VIEWER_H, envelope, fixture_report
+    from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, envelope, fixture_report
 
     url = f"sqlite:///{tmp_path_factory.mktemp('mgr') / 'oomguard.db'}"
     migrate(url)

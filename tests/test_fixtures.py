@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from oomguard import probe
-from oomguard.root import DirRoot
+from oomguard.sources.root import DirRoot
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").is_file())

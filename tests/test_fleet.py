@@ -16,9 +16,8 @@ from schemathesis.checks import not_a_server_error
 from oomguard.manager.app import create_app
 from oomguard.manager.db import migrate
 from oomguard.manager.settings import Settings
-
-from .conftest import REPO
-from .manager_helpers import AGENT, VIEWER_H, ManagerProcess, free_port
+from tests.conftest import REPO
+from tests.manager_helpers import AGENT, VIEWER_H, ManagerProcess, free_port
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 ENV.pop("OOMGUARD_BUDGET", None)

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from oomguard import capture, probe
-from oomguard.probes.gpu import parse_smi_csv, visible
-from oomguard.root import LiveRoot
-
-from .conftest import REPO, run_oomguard
+from oomguard.probes.gpu import visible
+from oomguard.sources.gpu import parse_smi_csv
+from oomguard.sources.root import LiveRoot
+from tests.conftest import REPO, run_oomguard
 
 FAKES = Path(__file__).parent / "fakes"
 GiB = 1024**3

@@ -21,9 +21,8 @@ from oomguard.manager.app import create_app
 from oomguard.manager.db import current_revision, make_engine, migrate, reports
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
-
-from .manager_helpers import AGENT_H, VIEWER, VIEWER_H, GiB, ManagerProcess, envelope, fixture_report
-from .pg import PostgresServer
+from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, GiB, ManagerProcess, envelope, fixture_report
+from tests.pg import PostgresServer
 
 _PG = PostgresServer()
 

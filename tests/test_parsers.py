@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from oomguard.probes import parsers
 from oomguard.probes.mounts import parse_mountinfo, parse_mountinfo_line, parse_proc_cgroup, unescape_octal
-from oomguard.root import parse_environ
+from oomguard.sources.root import parse_environ
 
 # Text shaped like the kernel's files hits the interesting branches more often than random text.
 kernelish = st.text(alphabet=st.sampled_from(list("0123456789 -:/,=.\n\tabcdefmxkBslu\\")), max_size=300)

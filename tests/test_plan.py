@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 
 from oomguard import Shape, make_plan
 from oomguard.errors import UsageError
-from oomguard.profiles import load_profiles, profile_values
-
-from .conftest import run_oomguard
-from .test_cli import make_tree
+from oomguard.policy.profiles import load_profiles, profile_values
+from tests.conftest import run_oomguard
+from tests.test_cli import make_tree
 
 GiB = 1024**3
 MiB = 1024**2

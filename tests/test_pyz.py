@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from tests.conftest import REPO
 
 THIRD_PARTY = ("fastapi", "sqlalchemy", "uvicorn", "alembic", "psycopg", "prometheus_client", "jinja2", "pydantic")
 
@@ -65,7 +65,7 @@ def test_zip_holds_the_worker_side_only(pyz: Path) -> None:
         sources = {n: z.read(n).decode() for n in names if n.endswith(".py")}
     assert not [n for n in names if "/manager/" in n or n.endswith("/manager")], "no manager/ in the zip"
     assert "oomguard.cli" in main and "main" in main
-    assert "oomguard/profiles.json" in names and "oomguard/schema.json" in names
+    assert "oomguard/policy/profiles.json" in names and "oomguard/schema.json" in names
     # Every worker-side module of the checkout is in it.
     src = REPO / "src" / "oomguard"
     expected = {
@@ -122,13 +122,13 @@ def test_capture_and_replay(pyz: Path, tmp_path: Path) -> None:
 
 
 def test_verify_children_import_from_the_zip(pyz: Path, tmp_path: Path) -> None:
-    """verify starts `sys.executable -m oomguard._alloc` children, which find oomguard in the zip."""
+    """verify starts `sys.executable -m oomguard.verify._alloc` children, which find oomguard in the zip."""
     proc = run_pyz(pyz, tmp_path, "verify", "--budget", "2GiB", "--fraction", "0.01", "--hold", "0.2", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
     assert result["delivered"] is True and result["oom_kills"] == 0
     assert result["touched_bytes"] == result["target_bytes"] == 2 * 2**30 // 100
-    assert result["children"], "the children ran (python -m oomguard._alloc, from the zip)"
+    assert result["children"], "the children ran (python -m oomguard.verify._alloc, from the zip)"
     plain = run_pyz(pyz, tmp_path, "verify", "--budget", "2GiB", "--fraction", "0.01", "--hold", "0.2")
     assert plain.returncode == 0 and "DELIVERED" in plain.stdout, plain.stdout + plain.stderr
 

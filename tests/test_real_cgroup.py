@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
-from .realcgroup import Group, writable_parent
+from tests.conftest import REPO
+from tests.realcgroup import Group, writable_parent
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -13,11 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import oomguard
-from oomguard.render import format_human, to_json
+from oomguard.commands.render import format_human, to_json
 from oomguard.report import WARNING_CODES
-from oomguard.root import DirRoot
-
-from .conftest import FIXTURES, REPO
+from oomguard.sources.root import DirRoot
+from tests.conftest import FIXTURES, REPO
 
 SCHEMA = json.loads(resources.files("oomguard").joinpath("schema.json").read_text())
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "root").is_dir())

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from oomguard.restart import RestartPolicy
-from oomguard.supervise import RunConfig, Supervisor, classify, substitute
+from oomguard.supervisor.restart import RestartPolicy
+from oomguard.supervisor.supervise import RunConfig, Supervisor, classify, substitute
 from oomguard.units import format_size_exact, parse_duration
-
-from .conftest import REPO
-from .realcgroup import Group, writable_parent
+from tests.conftest import REPO
+from tests.realcgroup import Group, writable_parent
 
 MiB = 1024**2
 GiB = 1024**3

@@ -10,9 +10,8 @@ import pytest
 
 from oomguard import capture, probe
 from oomguard.errors import UsageError
-from oomguard.root import DirRoot, TarRoot
-
-from .conftest import FIXTURES, run_oomguard
+from oomguard.sources.root import DirRoot, TarRoot
+from tests.conftest import FIXTURES, run_oomguard
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

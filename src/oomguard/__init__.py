@@ -4,12 +4,12 @@ Public API (each name is loaded on first use, so ``oomguard check`` starts fast)
 
     import oomguard
     report = oomguard.probe()                   # live system; or probe(root="snap.tar.gz")
-    report["memory"]["effective_bytes"], report["budget"]["bytes"]
+    report["memory"]["effective_bytes"], report["policy.budget"]["bytes"]
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from oomguard._version import __version__
 
 __all__ = [
     "LiveRoot",
@@ -35,21 +35,21 @@ __all__ = [
 ]
 
 _LAZY = {
-    "probe": "api",
-    "MemoryBudget": "reserve",
-    "Reservation": "reserve",
-    "ReservationTooLarge": "reserve",
-    "Shape": "plan",
-    "make_plan": "plan",
-    "resolve_budget": "budget",
+    "probe": "policy.budget",
+    "MemoryBudget": "policy.reserve",
+    "Reservation": "policy.reserve",
+    "ReservationTooLarge": "policy.reserve",
+    "Shape": "policy.plan",
+    "make_plan": "policy.plan",
+    "resolve_budget": "policy.budget",
     "Report": "_types",
-    "Root": "root",
-    "LiveRoot": "root",
-    "open_root": "root",
-    "capture": "snapshot",
+    "Root": "sources.root",
+    "LiveRoot": "sources.root",
+    "open_root": "sources.root",
+    "capture": "probes.capture",
     "parse_size": "units",
     "format_size": "units",
-    "to_json": "render",
+    "to_json": "commands.render",
     "OomguardError": "errors",
     "UsageError": "errors",
     "SnapshotError": "errors",
@@ -58,16 +58,15 @@ _LAZY = {
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._types import Report
-    from .api import probe
-    from .budget import resolve_budget
-    from .errors import OomguardError, SnapshotError, ThresholdError, UsageError
-    from .plan import Shape, make_plan
-    from .render import to_json
-    from .reserve import MemoryBudget, Reservation, ReservationTooLarge
-    from .root import LiveRoot, Root, open_root
-    from .snapshot import capture
-    from .units import format_size, parse_size
+    from oomguard._types import Report
+    from oomguard.commands.render import to_json
+    from oomguard.errors import OomguardError, SnapshotError, ThresholdError, UsageError
+    from oomguard.policy.budget import probe, resolve_budget
+    from oomguard.policy.plan import Shape, make_plan
+    from oomguard.policy.reserve import MemoryBudget, Reservation, ReservationTooLarge
+    from oomguard.probes.capture import capture
+    from oomguard.sources.root import LiveRoot, Root, open_root
+    from oomguard.units import format_size, parse_size
 
 
 def __getattr__(name: str) -> object:

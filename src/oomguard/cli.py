@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import sys
 
-from . import __version__
-from .args import Command, Option, text
-from .errors import EXIT_USAGE, OomguardError, UsageError
+from oomguard._version import __version__
+from oomguard.commands.flags import Command, Option, text
+from oomguard.errors import EXIT_INTERRUPTED, EXIT_USAGE, OomguardError, UsageError, exit_codes_help
 
-EXIT_CODES = """exit codes:
-  0   ok (check still exits 0 when it has warnings)
-  2   usage or input error: bad flag, size or variable; missing or corrupt snapshot
-  3   a threshold was not met (--require, --require-jobs)
-  4   verification failed (verify: an OOM kill or a failed allocation)
-  75  agent --once: the report was spooled, to be delivered later
-  130 interrupted"""
+EXIT_CODES = exit_codes_help()
 
 BUDGET_OPTIONS = [
     Option("--budget", "auto (default), SIZE (e.g. 300GiB) or PCT% of the basis; beats OOMGUARD_BUDGET", "SPEC"),
@@ -214,8 +208,8 @@ Run 'oomguard COMMAND --help' for a command's options. 'oomguard --version' prin
 
 
 def _check(values: dict[str, str | bool | None]) -> int:
-    from .api import probe
-    from .units import parse_size
+    from oomguard.policy.budget import probe
+    from oomguard.units import parse_size
 
     require = parse_size(str(values["require"]), "--require") if values["require"] is not None else None
     gpu, gpu_timeout = gpu_options(values)
@@ -236,27 +230,27 @@ def _check(values: dict[str, str | bool | None]) -> int:
         gpu_timeout=gpu_timeout,
     )
     if pins:
-        from .pinprobe import run_pin_probe
+        from oomguard.verify.pinprobe import run_pin_probe
 
         for kind, nbytes in pins.items():
             report["memlock"]["probe" if kind == "mlock" else "pinned_probe"] = run_pin_probe(kind, nbytes)
     if values["json"]:
-        from .render import to_json
+        from oomguard.commands.render import to_json
 
         sys.stdout.write(to_json(report) + "\n")
     else:
-        from .render import format_human
+        from oomguard.commands.render import format_human
 
         sys.stdout.write(format_human(report))
     if require is not None:
-        from .budget import require as require_budget
+        from oomguard.policy.budget import require as require_budget
 
         require_budget(report, require)
     return 0
 
 
 def _capture(values: dict[str, str | bool | None], positionals: list[str]) -> int:
-    from .snapshot import capture
+    from oomguard.probes.capture import capture
 
     if not positionals:
         raise UsageError("capture: missing FILE.tar.gz (see 'oomguard capture --help')")
@@ -270,7 +264,7 @@ def gpu_options(values: dict[str, str | bool | None]) -> tuple[bool, float]:
     timeout = 5.0
     timeout_text = text(values, "gpu_timeout")
     if timeout_text is not None:
-        from .units import parse_duration
+        from oomguard.units import parse_duration
 
         timeout = parse_duration(timeout_text, "--gpu-timeout")
     return not values.get("no_gpu"), timeout
@@ -298,12 +292,12 @@ def run(argv: list[str]) -> int:
     if command is CAPTURE:
         return _capture(values, positionals)
     if command is AGENT:
-        from .agent_cli import agent_command
+        from oomguard.commands.agent import agent_command
 
         return agent_command(values)
     if command is MANAGER:
         try:
-            from .manager.cli import manager_command
+            from oomguard.manager.cli import manager_command
         except ModuleNotFoundError as exc:  # the worker zipapp ships without the manager
             if not (exc.name or "").startswith("oomguard.manager"):
                 raise
@@ -312,10 +306,10 @@ def run(argv: list[str]) -> int:
             ) from None
         return manager_command(values)
     if command is RUN:
-        from .run_cli import run_command
+        from oomguard.commands.run import run_command
 
         return run_command(values, positionals)
-    from . import plan_cli
+    from oomguard.commands import plan as plan_cli
 
     return plan_cli.plan_command(values) if command is PLAN else plan_cli.verify_command(values)
 
@@ -329,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("oomguard: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
 

@@ -1,14 +1,44 @@
-"""Exceptions for usage and input errors; each carries the exit code the CLI uses.
+"""Every exit code oomguard can return, once; and the exceptions that carry them.
 
 Problems found while probing are not exceptions: they become warnings in the report.
+Exceptions are for usage and input errors, thresholds and failures the command line
+turns into one line on stderr and the exit code on the class (click's habit).
+
+``EXIT_CODES`` is the one table: ``oomguard --help``, each command's help and the README's
+table are generated from it (a test checks the README).
 """
 
 from __future__ import annotations
 
 EXIT_OK = 0
-EXIT_USAGE = 2  # bad flag, bad size, missing or corrupt snapshot
+EXIT_USAGE = 2  # bad flag, bad size or variable, missing or corrupt snapshot
 EXIT_THRESHOLD = 3  # a --require style threshold was not met
 EXIT_VERIFY_FAILED = 4  # verify: the machine did not deliver the memory
+EXIT_SPOOLED = 75  # EX_TEMPFAIL (sysexits.h): spooled, a later run delivers it
+EXIT_NOT_FOUND = 127  # run: the worker's command cannot be started (as a shell says)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+
+# (code, meaning): the order is the order of the help text and the README's table.
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "ok (check exits 0 with warnings too: they are in the report)"),
+    (EXIT_USAGE, "usage or input error: bad flag, size or variable (one line naming it); missing or corrupt snapshot"),
+    (EXIT_THRESHOLD, "a threshold was not met (--require, --require-jobs; run: the plan fits no job)"),
+    (EXIT_VERIFY_FAILED, "verification failed (verify: an OOM kill or a failed allocation)"),
+    (EXIT_SPOOLED, "agent --once: the report was spooled, to be delivered later"),
+    (EXIT_NOT_FOUND, "run: the worker's command was not found or cannot be executed"),
+    (EXIT_INTERRUPTED, "interrupted (SIGINT)"),
+)
+
+
+def exit_codes_help() -> str:
+    """The table as the ``exit codes:`` section of ``--help``."""
+    return "exit codes:\n" + "\n".join(f"  {code:<3} {meaning}" for code, meaning in EXIT_CODES)
+
+
+def exit_codes_markdown() -> str:
+    """The table as README markdown (a test compares it with the README)."""
+    rows = "\n".join(f"| {code} | {meaning} |" for code, meaning in EXIT_CODES)
+    return "| code | meaning |\n|---|---|\n" + rows
 
 
 class OomguardError(Exception):
@@ -25,7 +55,29 @@ class SnapshotError(OomguardError):
     """A ``--root`` snapshot that is missing, unreadable or not a snapshot."""
 
 
+class BudgetUnknownError(UsageError, ValueError):
+    """No memory ceiling could be read, so no budget can be computed: give one explicitly.
+
+    Also a ``ValueError``, which ``MemoryBudget.from_system()`` raised before.
+    """
+
+    def __init__(self, where: str, hint: str = "give --budget SIZE") -> None:
+        super().__init__(f"{where}: the memory budget is unknown (no memory ceiling could be read); {hint}")
+
+
 class ThresholdError(OomguardError):
     """A threshold such as ``--require`` was not met."""
 
     exit_code = EXIT_THRESHOLD
+
+
+class VerifyFailedError(OomguardError):
+    """``verify``: the machine did not deliver the memory."""
+
+    exit_code = EXIT_VERIFY_FAILED
+
+
+class CommandNotFoundError(OomguardError):
+    """``run``: the worker's command cannot be started."""
+
+    exit_code = EXIT_NOT_FOUND

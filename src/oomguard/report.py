@@ -11,8 +11,8 @@ from __future__ import annotations
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs more than the probe
 
 if TYPE_CHECKING:
-    from ._types import WarningEntry
-    from .root import Failure
+    from oomguard._types import WarningEntry
+    from oomguard.sources.root import Failure
 
 SCHEMA_VERSION = 1
 

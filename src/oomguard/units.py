@@ -6,7 +6,7 @@ importing ``re`` alone costs more than the whole probe (see docs/architecture.md
 
 from __future__ import annotations
 
-from .errors import UsageError
+from oomguard.errors import UsageError
 
 KiB = 1024
 MiB = KiB * 1024

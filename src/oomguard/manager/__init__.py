@@ -3,7 +3,7 @@ dashboard show every node's truth and OOM history. Nothing here is imported by t
 
 from __future__ import annotations
 
-from ..errors import UsageError
+from oomguard.errors import UsageError
 
 INSTALL_HINT = "pip install 'oomguard[manager]'"
 

@@ -20,13 +20,13 @@ from fastapi import Cookie, Depends, FastAPI, Header, HTTPException, Path, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 
-from .. import __version__
-from .db import make_engine
-from .metrics import render_metrics
-from .models import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
-from .settings import Settings
-from .store import SORT_KEYS, Store, parse_iso_ms
-from .views import CSP
+from oomguard._version import __version__
+from oomguard.manager.db import make_engine
+from oomguard.manager.metrics import render_metrics
+from oomguard.manager.models import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
+from oomguard.manager.settings import Settings
+from oomguard.manager.store import SORT_KEYS, Store, parse_iso_ms
+from oomguard.manager.views import CSP
 
 DRAIN_FACTOR = 16  # read at most this many times the cap before answering 413
 
@@ -232,7 +232,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    from .views import install
+    from oomguard.manager.views import install
 
     install(app, settings, store)
     return app

@@ -9,7 +9,7 @@ import html
 from datetime import datetime
 from typing import Any
 
-from ..units import format_size
+from oomguard.units import format_size
 
 SERIES = (  # key, label, css class
     ("effective_bytes", "effective limit", "s-limit"),

@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..args import text
-from ..errors import UsageError
-from ..units import parse_duration, parse_size
-from . import require_extra
+from oomguard.commands.flags import text
+from oomguard.errors import UsageError
+from oomguard.manager import require_extra
+from oomguard.units import parse_duration, parse_size
 
 
 def manager_command(values: dict[str, Any]) -> int:
     require_extra()
-    from .settings import DEFAULT_DB, Settings
+    from oomguard.manager.settings import DEFAULT_DB, Settings
 
     port_text = text(values, "port") or "8080"
     if not port_text.isdigit():
@@ -31,7 +31,7 @@ def manager_command(values: dict[str, Any]) -> int:
     settings.check()
     from sqlalchemy.exc import SQLAlchemyError
 
-    from .db import migrate
+    from oomguard.manager.db import migrate
 
     try:
         migrate(settings.db_url)
@@ -40,7 +40,7 @@ def manager_command(values: dict[str, Any]) -> int:
         raise UsageError(f"manager: cannot open or migrate the database {settings.db_url!r}: {first}") from None
     import uvicorn
 
-    from .app import create_app
+    from oomguard.manager.app import create_app
 
     uvicorn.run(
         create_app(settings),

@@ -6,7 +6,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from oomguard.errors import UsageError
 
 DEFAULT_DB = "sqlite:///oomguard.db"
 MiB = 1024 * 1024

@@ -20,9 +20,9 @@ from sqlalchemy import Engine, and_, bindparam, case, delete, func, insert, or_,
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from ..units import format_size
-from .db import events, nodes, reports
-from .models import EventEnvelope, ReportEnvelope
+from oomguard.manager.db import events, nodes, reports
+from oomguard.manager.models import EventEnvelope, ReportEnvelope
+from oomguard.units import format_size
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS

@@ -19,11 +19,11 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from ..units import format_size
-from .chart import memory_chart
-from .models import NODE_PATTERN
-from .settings import Settings
-from .store import SORT_KEYS, Store
+from oomguard.manager.chart import memory_chart
+from oomguard.manager.models import NODE_PATTERN
+from oomguard.manager.settings import Settings
+from oomguard.manager.store import SORT_KEYS, Store
+from oomguard.units import format_size
 
 COOKIE = "oomguard_viewer"
 PAGE_SIZE = 50

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from .. import __version__
-from ..report import SCHEMA_VERSION, add_warning, warn_failure
-from ..root import Failure, LiveRoot, Root
-from .cgroup import find_hierarchy
-from .container import probe_container
-from .cpu import probe_cpu
-from .gpu import DEFAULT_TIMEOUT, probe_gpus
-from .memlock import probe_memlock
-from .memory import probe_memory
-from .mounts import CgroupEntry, Mount, parse_mountinfo, parse_proc_cgroup
-from .parsers import parse_status
+from oomguard._version import __version__
+from oomguard.probes.cgroup import find_hierarchy
+from oomguard.probes.container import probe_container
+from oomguard.probes.cpu import probe_cpu
+from oomguard.probes.gpu import probe_gpus
+from oomguard.probes.memlock import probe_memlock
+from oomguard.probes.memory import probe_memory
+from oomguard.probes.mounts import CgroupEntry, Mount, parse_mountinfo, parse_proc_cgroup
+from oomguard.probes.parsers import parse_status
+from oomguard.report import SCHEMA_VERSION, add_warning, warn_failure
+from oomguard.sources.gpu import DEFAULT_TIMEOUT
+from oomguard.sources.root import Failure, LiveRoot, Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import TypeVar
 
-    from .._types import Report, WarningEntry
+    from oomguard._types import Report, WarningEntry
 
     T = TypeVar("T")
 

@@ -14,12 +14,12 @@ Rules (docs/architecture.md, "Detection rules", has the sources):
 
 from __future__ import annotations
 
-from ..report import add_warning
-from .mounts import CgroupEntry, Mount
+from oomguard.probes.mounts import CgroupEntry, Mount
+from oomguard.report import add_warning
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._types import WarningEntry
+    from oomguard._types import WarningEntry
 
 CGROUP_FS_ROOT = "/sys/fs/cgroup"
 

@@ -9,12 +9,12 @@ not a container). Provider hints: vast.ai sets ``VAST_CONTAINERLABEL`` and ``CON
 
 from __future__ import annotations
 
-from ..root import Failure, Root
-from .mounts import CgroupEntry, Mount, mount_for
+from oomguard.probes.mounts import CgroupEntry, Mount, mount_for
+from oomguard.sources.root import Failure, Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._types import ContainerSection
+    from oomguard._types import ContainerSection
 
 # Substrings of a cgroup path that only a container's group has (not docker.service).
 _PATH_MARKERS = (

@@ -7,14 +7,14 @@ where the quota is the smallest ``cpu.max`` (v2) or ``cfs_quota_us / cfs_period_
 
 from __future__ import annotations
 
-from ..report import add_warning
-from ..root import Failure, Root
-from .cgroup import Hierarchy
-from .parsers import MALFORMED, VALUE, parse_cfs, parse_cpu_list, parse_cpu_max
+from oomguard.probes.cgroup import Hierarchy
+from oomguard.probes.parsers import MALFORMED, VALUE, parse_cfs, parse_cpu_list, parse_cpu_max
+from oomguard.report import add_warning
+from oomguard.sources.root import Failure, Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._types import CpuSection, WarningEntry
+    from oomguard._types import CpuSection, WarningEntry
 
 
 def _text(root: Root, path: str) -> str | None:

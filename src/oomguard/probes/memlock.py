@@ -8,13 +8,13 @@ still charged to the memory cgroup.
 
 from __future__ import annotations
 
-from ..report import MEMLOCK_LOW_BYTES, add_warning
-from ..root import Failure, Root
-from .parsers import CAP_IPC_LOCK, has_capability, parse_proc_limits, status_kb
+from oomguard.probes.parsers import CAP_IPC_LOCK, has_capability, parse_proc_limits, status_kb
+from oomguard.report import MEMLOCK_LOW_BYTES, add_warning
+from oomguard.sources.root import Failure, Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._types import MemlockSection, WarningEntry
+    from oomguard._types import MemlockSection, WarningEntry
 
 
 def _getrlimit() -> tuple[int | None, int | None] | None:

@@ -8,11 +8,9 @@ for a budget); ``memory.low``/``memory.min`` are protections, reported, never ca
 
 from __future__ import annotations
 
-from ..report import add_warning, warn_failure
-from ..root import Failure, Root
-from .cgroup import Hierarchy
-from .mounts import Mount, mount_for
-from .parsers import (
+from oomguard.probes.cgroup import Hierarchy
+from oomguard.probes.mounts import Mount, mount_for
+from oomguard.probes.parsers import (
     MALFORMED,
     UNLIMITED,
     VALUE,
@@ -22,10 +20,12 @@ from .parsers import (
     parse_meminfo,
     parse_pressure,
 )
+from oomguard.report import add_warning, warn_failure
+from oomguard.sources.root import Failure, Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._types import CgroupLevel, MemorySection, WarningEntry
+    from oomguard._types import CgroupLevel, MemorySection, WarningEntry
 
 
 class _Reader:

@@ -19,6 +19,8 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from oomguard.errors import BudgetUnknownError
+
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
@@ -93,12 +95,12 @@ class MemoryBudget:
     @classmethod
     def from_system(cls, evict: Callable[[int], Any] | None = None, **budget_options: Any) -> MemoryBudget:
         """A budget from the probe: ``budget``, ``margin`` and ``root`` as for ``oomguard.probe()``."""
-        from .api import probe
+        from oomguard.policy.budget import probe
 
         report = probe(**budget_options)
         total = report["budget"]["bytes"]
         if total is None:
-            raise ValueError("the memory budget is unknown: no memory ceiling could be read; pass budget=SIZE")
+            raise BudgetUnknownError("MemoryBudget.from_system", "pass budget=SIZE")
         return cls(total, evict=evict)
 
     @property

@@ -21,25 +21,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .api import probe
-from .budget import default_margin, resolve_budget
-from .errors import OomguardError, UsageError
-from .events import EventLog
-from .isolate import Isolation
-from .plan import Shape, make_plan
-from .probes.memory import read_oom_kills
-from .restart import RestartPolicy
-from .root import LiveRoot
-from .units import GiB, MiB, format_size, format_size_exact
+from oomguard.errors import EXIT_THRESHOLD, BudgetUnknownError, CommandNotFoundError, UsageError
+from oomguard.policy.budget import default_margin, probe, resolve_budget
+from oomguard.policy.plan import Shape, make_plan
+from oomguard.probes.memory import read_oom_kills
+from oomguard.sources.root import LiveRoot
+from oomguard.supervisor.events import EventLog
+from oomguard.supervisor.isolate import Isolation
+from oomguard.supervisor.restart import RestartPolicy
+from oomguard.units import GiB, MiB, format_size, format_size_exact
 
 PLACEHOLDERS = ("{budget_bytes}", "{budget_gib}", "{budget}", "{concurrency}")
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class CommandNotFound(OomguardError):
-    exit_code = 127
 
 
 def _prctl(option: int, value: int) -> None:
@@ -152,7 +147,7 @@ class Supervisor:
             margin = b["safety_margin_bytes"] + self.extra_margin
             resolve_budget(report, budget=self.cfg.budget, margin=str(margin), env=LiveRoot().environ())
         if report["budget"]["bytes"] is None:
-            raise UsageError("run: the memory budget is unknown (no memory ceiling could be read); give --budget")
+            raise BudgetUnknownError("run")
         concurrency = None
         if self.cfg.shape is not None:
             planned: int = make_plan(report, self.cfg.shape)["concurrency"]  # type: ignore[assignment]
@@ -180,9 +175,9 @@ class Supervisor:
         try:
             return subprocess.Popen(args, env=env, start_new_session=True, preexec_fn=in_child)  # noqa: PLW1509
         except FileNotFoundError:
-            raise CommandNotFound(f"run: command not found: {args[0]!r}") from None
+            raise CommandNotFoundError(f"run: command not found: {args[0]!r}") from None
         except PermissionError:
-            raise CommandNotFound(f"run: cannot execute {args[0]!r}: permission denied") from None
+            raise CommandNotFoundError(f"run: cannot execute {args[0]!r}: permission denied") from None
 
     def _isolation(self, report: dict[str, Any], budget: int) -> Isolation | None:
         if not self.cfg.isolate:
@@ -239,7 +234,7 @@ class Supervisor:
                     concurrency=0,
                     message="the plan fits 0 jobs in this budget; not starting the worker",
                 )
-                return 3
+                return EXIT_THRESHOLD
             if self.stopping is not None:  # stopped while the budget was computed: start nothing
                 self.log.emit(
                     "stop",

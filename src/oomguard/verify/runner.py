@@ -18,15 +18,15 @@ import sys
 import time
 from typing import Any
 
-from .errors import UsageError
-from .plan import Shape, make_plan
-from .probes.memory import read_oom_kills, read_usage
-from .root import LiveRoot
-from .units import format_size
+from oomguard.errors import BudgetUnknownError
+from oomguard.policy.plan import Shape, make_plan
+from oomguard.probes.memory import read_oom_kills, read_usage
+from oomguard.sources.root import LiveRoot
+from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._types import Report
+    from oomguard._types import Report
 
 REPORT_TIMEOUT = 900.0  # seconds for all children to fault their memory in
 MAX_BUDGET_CHILDREN = 8
@@ -36,7 +36,7 @@ def split_target(report: Report, shape: Shape | None, fraction: float) -> tuple[
     """The byte count of each child, and the plan when a shape was given."""
     budget = report["budget"]["bytes"]
     if budget is None:
-        raise UsageError("verify: the budget is unknown (no memory ceiling could be read); give --budget SIZE")
+        raise BudgetUnknownError("verify")
     if shape is not None:
         plan = make_plan(report, shape)
         sizes = [shape.baseline] + [shape.per_job] * int(plan["concurrency"])  # type: ignore[call-overload]
@@ -82,7 +82,7 @@ def verify(report: Report, shape: Shape | None, *, fraction: float = 1.0, hold: 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "oomguard._alloc", str(n)],
+            [sys.executable, "-m", "oomguard.verify._alloc", str(n)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 
-from .probes.memory import read_oom_kills
-from .probes.parsers import parse_int_file
-from .root import Failure, LiveRoot
+from oomguard.probes.memory import read_oom_kills
+from oomguard.probes.parsers import parse_int_file
+from oomguard.sources.root import Failure, LiveRoot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._types import Report
+    from oomguard._types import Report
 
 
 class Isolation:

@@ -32,11 +32,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__
-from .events import iso_now
-
-EXIT_DELIVERED = 0
-EXIT_SPOOLED = 75  # EX_TEMPFAIL: the item is spooled, a later run delivers it
+from oomguard._version import __version__
+from oomguard.errors import EXIT_OK, EXIT_SPOOLED
+from oomguard.times import iso_now
 
 NODE_NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 NODE_NAME_MAX = 128
@@ -486,7 +484,7 @@ def run_agent(
     log: Callable[[str], None] | None = None,
     max_cycles: int | None = None,
 ) -> int:
-    """Report to the manager once (*once*: ``EXIT_DELIVERED`` when the spool is empty
+    """Report to the manager once (*once*: ``EXIT_OK`` when the spool is empty
     afterwards, else ``EXIT_SPOOLED``; a failing *make_report* raises) or every *interval*
     seconds until *max_cycles* (None: forever; returns 0). In *once* mode the report's
     ``interval_s`` is *interval* when it is > 0 (a cron period), else null.
@@ -495,7 +493,7 @@ def run_agent(
     sender = Sender(manager, token, Spool(spool_dir), log=emit)
     if once:
         delivered = sender.report(node, make_report(), interval if interval > 0 else None)
-        return EXIT_DELIVERED if delivered else EXIT_SPOOLED
+        return EXIT_OK if delivered else EXIT_SPOOLED
     if not interval > 0:
         raise ValueError(f"the report interval must be > 0 seconds, got {interval}")
     cycles = 0

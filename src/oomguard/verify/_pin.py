@@ -1,7 +1,7 @@
 """Child process of ``--probe-mlock`` / ``--probe-pinned``: try to page-lock memory, report, exit.
 
-``python -m oomguard._pin mlock NBYTES``: mmap NBYTES and mlock(2) them (ctypes, stdlib).
-``python -m oomguard._pin cuda NBYTES``: cudaHostAlloc through libcudart, then cudaFreeHost.
+``python -m oomguard.verify._pin mlock NBYTES``: mmap NBYTES and mlock(2) them (ctypes, stdlib).
+``python -m oomguard.verify._pin cuda NBYTES``: cudaHostAlloc through libcudart, then cudaFreeHost.
 Prints one JSON line ``{"bytes", "ok", "errno", "error", "skipped"}``. Run in a child so a
 failure, or memory that stays locked, never touches the caller.
 """

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from .api import probe
-from .args import text
-from .errors import EXIT_VERIFY_FAILED, ThresholdError, UsageError
-from .plan import CONSTRAINTS, Shape, make_plan
-from .units import format_size, parse_size
+from oomguard.commands.flags import text
+from oomguard.errors import EXIT_VERIFY_FAILED, ThresholdError, UsageError
+from oomguard.policy.budget import probe
+from oomguard.policy.plan import CONSTRAINTS, Shape, make_plan
+from oomguard.units import format_size, parse_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._types import Report
+    from oomguard._types import Report
 
 Values = dict[str, "str | bool | None"]
 
@@ -39,7 +39,7 @@ def parse_number(text: str, flag: str) -> float:
 
 def shape_from_flags(values: Values, *, required: bool = True) -> Shape | None:
     """A Shape from --profile and the shape flags (flags win); None when none given and not *required*."""
-    from .profiles import load_profiles, profile_values
+    from oomguard.policy.profiles import load_profiles, profile_values
 
     fields: dict[str, object] = {}
     name = text(values, "profile")
@@ -66,7 +66,7 @@ def shape_from_flags(values: Values, *, required: bool = True) -> Shape | None:
 
 
 def _report(values: Values) -> Report:
-    from .cli import gpu_options
+    from oomguard.cli import gpu_options
 
     gpu, gpu_timeout = gpu_options(values)
     return probe(
@@ -79,7 +79,7 @@ def _report(values: Values) -> Report:
 
 
 def _list_profiles(values: Values) -> int:
-    from .profiles import load_profiles
+    from oomguard.policy.profiles import load_profiles
 
     for name, p in sorted(load_profiles(text(values, "profiles")).items()):
         sys.stdout.write(
@@ -98,7 +98,7 @@ def plan_command(values: Values) -> int:
     report = _report(values)
     result = make_plan(report, shape)
     if values.get("json"):
-        from .render import to_json
+        from oomguard.commands.render import to_json
 
         sys.stdout.write(to_json({**result, "report": report}) + "\n")
     else:
@@ -127,7 +127,7 @@ def format_plan(result: dict[str, object], report: Report) -> str:
 
 
 def verify_command(values: Values) -> int:
-    from .verify import format_verify, verify
+    from oomguard.verify.runner import format_verify, verify
 
     fraction = parse_number(str(values["fraction"]), "--fraction") if text(values, "fraction") else 1.0
     if fraction > 1:
@@ -137,7 +137,7 @@ def verify_command(values: Values) -> int:
     report = _report(values)
     result = verify(report, shape, fraction=fraction, hold=hold)
     if values.get("json"):
-        from .render import to_json
+        from oomguard.commands.render import to_json
 
         sys.stdout.write(to_json(result) + "\n")
     else:

@@ -12,11 +12,11 @@ TIMEOUT = 60.0
 
 
 def run_pin_probe(kind: str, nbytes: int) -> dict[str, Any]:
-    """{"bytes", "ok", "errno", "error", "skipped"} from ``python -m oomguard._pin KIND NBYTES``."""
+    """{"bytes", "ok", "errno", "error", "skipped"} from ``python -m oomguard.verify._pin KIND NBYTES``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "oomguard._pin", kind, str(nbytes)],
+            [sys.executable, "-m", "oomguard.verify._pin", kind, str(nbytes)],
             capture_output=True,
             check=False,
             text=True,

@@ -1,6 +1,6 @@
 """Child process of ``oomguard verify``: allocate and touch N bytes, report, hold until told.
 
-Protocol: ``python -m oomguard._alloc NBYTES``. The child raises its own oom_score_adj
+Protocol: ``python -m oomguard.verify._alloc NBYTES``. The child raises its own oom_score_adj
 to 1000 (so the OOM killer picks it, not the caller), maps NBYTES of anonymous memory,
 writes every page, prints one JSON line ``{"touched": N, "seconds": S}`` (or
 ``{"error": "..."}`` and exit 3), then holds the memory until its stdin closes.

@@ -1,4 +1,4 @@
-"""``oomguard capture``: save what the probe reads, so a node can be replayed anywhere.
+"""Snapshots: a recording view of the live system, and the tarball it is written to.
 
 The probe runs once against a recording view of the live system; every file it read,
 every marker it found and the environment variables oomguard uses are written as a tree
@@ -14,9 +14,9 @@ import os
 import tarfile
 import time
 
-from . import __version__
-from .errors import UsageError
-from .root import Failure, LiveRoot, Root
+from oomguard._version import __version__
+from oomguard.errors import UsageError
+from oomguard.sources.root import Failure, LiveRoot, Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -82,19 +82,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def capture(path: str, force: bool = False, source: Root | None = None) -> int:
-    """Probe the live system and write a snapshot to *path*; returns the number of files.
-
-    Written to a temporary file and renamed, so *path* is never left half-written.
-    Refuses to overwrite an existing file unless *force*. *source* replaces the live system
-    (tests record a fake driver through it).
-    """
-    from .api import probe
-
-    if os.path.exists(path) and not force:
-        raise UsageError(f"capture: {path} exists (use --force to overwrite)")
-    rec = RecordingRoot(source)
-    probe(root=rec)
+def write_snapshot(rec: RecordingRoot, path: str) -> int:
+    """Write what *rec* read as a .tar.gz at *path* (a temp file, then renamed); the file count."""
     now = time.time()
     files = dict(rec.files)
     env = keep_env(rec.environ())

@@ -7,11 +7,11 @@ time than the whole probe; the output is the same as ``json.dumps(..., indent=2)
 
 from __future__ import annotations
 
-from .units import format_size
+from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._types import Report
+    from oomguard._types import Report
 
 _PLAIN = frozenset(" !#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`abcdefghijklmnopqrstuvwxyz{|}~")
 

@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from .errors import UsageError
-from .units import parse_size
+from oomguard.errors import UsageError
+from oomguard.units import parse_size
 
 SIZE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job", "released_at_gpu")
 # Where the built-in profiles live, for messages: read through the package's loader (pkgutil), not

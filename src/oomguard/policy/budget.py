@@ -1,4 +1,6 @@
-"""The budget: how much memory a worker should plan to use, and where the number came from.
+"""The budget, and ``probe()``, the public one-call entry point (probe + budget).
+
+The budget: how much memory a worker should plan to use, and where the number came from.
 
 Precedence: ``--budget`` flag, then ``OOMGUARD_BUDGET`` in the probed environment, then auto.
 
@@ -10,13 +12,15 @@ Precedence: ``--budget`` flag, then ``OOMGUARD_BUDGET`` in the probed environmen
 
 from __future__ import annotations
 
-from .errors import ThresholdError
-from .report import add_warning
-from .units import GiB, MiB, format_size, parse_size_or_percent
+from oomguard.errors import ThresholdError
+from oomguard.probes import probe_system
+from oomguard.report import add_warning
+from oomguard.sources.root import Root, open_root
+from oomguard.units import GiB, MiB, format_size, parse_size_or_percent
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._types import BudgetSection, Report
+    from oomguard._types import BudgetSection, Report
 
 ENV_BUDGET = "OOMGUARD_BUDGET"
 MARGIN_MIN = 256 * MiB
@@ -113,3 +117,25 @@ def require(report: Report, minimum: int) -> None:
     if value is None or value < minimum:
         have = "unknown" if value is None else format_size(value)
         raise ThresholdError(f"--require: budget {have} is below the required {format_size(minimum)}")
+
+
+def probe(
+    root: Root | str | None = None,
+    budget: str | None = None,
+    margin: str | None = None,
+    *,
+    gpu: bool = True,
+    gpu_timeout: float = 5.0,
+) -> Report:
+    """Probe the live system (or a snapshot: a ``Root``, directory or tarball) into a report.
+
+    *budget* and *margin* take the same text as ``--budget``/``--margin``; without
+    *budget*, ``OOMGUARD_BUDGET`` from the probed environment applies, then auto.
+    *gpu* False skips the GPU probe; *gpu_timeout* bounds NVML and nvidia-smi (seconds).
+    Raises ``UsageError`` for invalid sizes and ``SnapshotError`` for a bad snapshot.
+    """
+    r = root if isinstance(root, Root) else open_root(root)
+    env = r.environ()
+    report = probe_system(r, env, gpu=gpu, gpu_timeout=gpu_timeout)
+    resolve_budget(report, budget=budget, margin=margin, env=env)
+    return report

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import threading
-import uuid
 from typing import Any
 
-from .agent import Sender, Spool, default_node_name, default_spool_dir, run_agent, sanitize_node_name
-from .args import text
-from .errors import UsageError
-from .plan_cli import Values, shape_from_flags
-from .units import parse_duration
+from oomguard.agent.agent import default_node_name, default_spool_dir, run_agent, sanitize_node_name
+from oomguard.agent.forwarder import EventForwarder
+from oomguard.commands.flags import text
+from oomguard.commands.plan import Values, shape_from_flags
+from oomguard.errors import UsageError
+from oomguard.units import parse_duration
 
 
 def _token(values: Values) -> str:
@@ -24,9 +23,9 @@ def _node(values: Values) -> str:
 
 
 def agent_command(values: Values) -> int:
-    from .api import probe
-    from .cli import gpu_options
-    from .plan import make_plan
+    from oomguard.cli import gpu_options
+    from oomguard.policy.budget import probe
+    from oomguard.policy.plan import make_plan
 
     manager = text(values, "manager")
     if not manager:
@@ -58,37 +57,6 @@ def agent_command(values: Values) -> int:
         )
     except ValueError as exc:
         raise UsageError(f"agent: {exc}") from None
-
-
-class EventForwarder:
-    """A sink for supervisor events: spooled at once (durable), sent by a background thread."""
-
-    def __init__(self, manager: str, token: str, node: str, spool_dir: str) -> None:
-        try:
-            self.sender = Sender(manager, token, Spool(spool_dir), timeout=5.0)
-        except ValueError as exc:
-            raise UsageError(f"run: --manager: {exc}") from None
-        self.node = node
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="oomguard-events", daemon=True)
-        self._thread.start()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.sender.spool.put("event", {"node": self.node, "id": uuid.uuid4().hex, "event": event})
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while not self._stop:
-            self._wake.wait(30)
-            self._wake.clear()
-            self.sender.flush()
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Try once more to deliver what is spooled (what is not stays for the agent)."""
-        self._stop = True
-        self._wake.set()
-        self._thread.join(timeout)
 
 
 def forwarder(values: Values) -> EventForwarder | None:

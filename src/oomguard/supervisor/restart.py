@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .errors import UsageError
+from oomguard.errors import UsageError
 
 RESTART_MODES = ("on-failure", "always", "never")
 

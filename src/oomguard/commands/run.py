@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from .args import text
-from .errors import UsageError
-from .events import EventLog
-from .plan_cli import Values, parse_count, parse_number, shape_from_flags
-from .restart import RestartPolicy
-from .supervise import RunConfig, Supervisor
-from .units import parse_duration
+from oomguard.commands.flags import text
+from oomguard.commands.plan import Values, parse_count, parse_number, shape_from_flags
+from oomguard.errors import UsageError
+from oomguard.supervisor.events import EventLog
+from oomguard.supervisor.restart import RestartPolicy
+from oomguard.supervisor.supervise import RunConfig, Supervisor
+from oomguard.units import parse_duration
 
 
 def _duration(values: Values, key: str, default: float) -> float:
@@ -48,7 +48,7 @@ def run_command(values: Values, command: list[str]) -> int:
         log = EventLog(text(values, "events"))
     except OSError as exc:
         raise UsageError(f"--events: cannot open {values['events']}: {exc.strerror}") from None
-    from .agent_cli import forwarder
+    from oomguard.commands.agent import forwarder
 
     sink = forwarder(values)
     if sink is not None:

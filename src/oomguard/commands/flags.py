@@ -8,7 +8,7 @@ interpreter's start-up (measured in docs/architecture.md). Supports ``--name VAL
 
 from __future__ import annotations
 
-from .errors import UsageError
+from oomguard.errors import UsageError
 
 
 class Option:

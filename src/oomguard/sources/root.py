@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import SnapshotError
+from oomguard.errors import SnapshotError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class LiveRoot(Root):
         return dict(os.environ)
 
     def gpu_query(self, timeout: float) -> dict[str, Any]:
-        from .probes.gpu import query_live
+        from oomguard.sources.gpu import query_live
 
         return query_live(timeout)
 

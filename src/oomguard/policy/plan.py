@@ -13,13 +13,13 @@ the first in the order above).
 
 from __future__ import annotations
 
-from .errors import UsageError
-from .report import add_warning
-from .units import format_size
+from oomguard.errors import UsageError
+from oomguard.report import add_warning
+from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._types import Report, WarningEntry
+    from oomguard._types import Report, WarningEntry
 
 CONSTRAINTS = ("memory", "memlock", "gpu", "max_jobs", "cpu")
 SHAPE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job", "max_jobs", "cpus_per_job")

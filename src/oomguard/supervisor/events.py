@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .units import format_size
+from oomguard.times import iso_now
+from oomguard.units import format_size
 
 FIELDS = (
     "event",
@@ -31,11 +31,6 @@ FIELDS = (
     "peak_bytes",
     "message",
 )
-
-
-def iso_now(now: float | None = None) -> str:
-    t = time.time() if now is None else now
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 def describe(e: dict[str, Any]) -> str:
