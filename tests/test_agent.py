@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from oomguard.agent.agent import (
+from oomguard.agent import (
     NODE_NAME_CHARS,
+    EventForwarder,
     Sender,
     Spool,
     default_node_name,
@@ -24,7 +25,8 @@ from oomguard.agent.agent import (
     run_agent,
     sanitize_node_name,
 )
-from oomguard.errors import EXIT_OK, EXIT_SPOOLED
+from oomguard.agent.loop import EXIT_INTERNAL, MAX_INTERNAL_ERRORS
+from oomguard.errors import EXIT_OK, EXIT_SPOOLED, UsageError
 
 TOKEN = "s3cret-token"
 
@@ -53,53 +55,7 @@ class FakeManager:
         return [r["body"]["id"] for r in self.requests]
 
     def start(self, port: int = 0) -> None:
-        manager = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _answer(self, status: int, payload: dict[str, Any], extra: dict[str, str] | None = None) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (extra or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                with manager.lock:
-                    manager.requests.append({"method": "GET", "path": self.path, "body": {"id": None}})
-                self._answer(200, {"looks": "like success"})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with manager.lock:
-                    manager.requests.append(
-                        {
-                            "method": "POST",
-                            "path": self.path,
-                            "auth": self.headers.get("Authorization"),
-                            "ctype": self.headers.get("Content-Type"),
-                            "body": body,
-                        }
-                    )
-                    status = 422 if body["id"] in manager.reject_ids else manager.status
-                    if status == 200 and body["id"] not in manager.stored:
-                        manager.stored[body["id"]] = body
-                        manager.order.append(body["id"])
-                    drop = status == 200 and manager.drop_next > 0
-                    if drop:
-                        manager.drop_next -= 1
-                if drop:  # stored, but the answer never arrives
-                    self.close_connection = True
-                    return
-                extra = {"Location": "https://elsewhere.example/api"} if 300 <= status < 400 else None
-                self._answer(status, {"error": f"fake answer {status}"} if status >= 300 else {"stored": True}, extra)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -110,6 +66,56 @@ class FakeManager:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+def _handler_for(manager: FakeManager) -> type[BaseHTTPRequestHandler]:
+    """The request handler of *manager*: it records, stores, drops and answers as told."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _answer(self, status: int, payload: dict[str, Any], extra: dict[str, str] | None = None) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            with manager.lock:
+                manager.requests.append({"method": "GET", "path": self.path, "body": {"id": None}})
+            self._answer(200, {"looks": "like success"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with manager.lock:
+                manager.requests.append(
+                    {
+                        "method": "POST",
+                        "path": self.path,
+                        "auth": self.headers.get("Authorization"),
+                        "ctype": self.headers.get("Content-Type"),
+                        "body": body,
+                    }
+                )
+                status = 422 if body["id"] in manager.reject_ids else manager.status
+                if status == 200 and body["id"] not in manager.stored:
+                    manager.stored[body["id"]] = body
+                    manager.order.append(body["id"])
+                drop = status == 200 and manager.drop_next > 0
+                if drop:
+                    manager.drop_next -= 1
+            if drop:  # stored, but the answer never arrives
+                self.close_connection = True
+                return
+            extra = {"Location": "https://elsewhere.example/api"} if 300 <= status < 400 else None
+            self._answer(status, {"error": f"fake answer {status}"} if status >= 300 else {"stored": True}, extra)
+
+    return Handler
 
 
 @pytest.fixture(autouse=True)
@@ -145,6 +151,21 @@ class Logs(list[str]):
 
 def names(paths: list[str]) -> list[str]:
     return [os.path.basename(p) for p in paths]
+
+
+def agent_args(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    """``run_agent`` keywords for a loop against nothing (override *manager* to reach one)."""
+    args: dict[str, Any] = {
+        "manager": "http://127.0.0.1:9",
+        "token": TOKEN,
+        "node": "n1",
+        "interval": 10,
+        "once": False,
+        "spool_dir": str(tmp_path / "spool"),
+        "make_report": dict,
+        "log": Logs(),
+    }
+    return {**args, **overrides}
 
 
 def put_reports(spool: Spool, n: int) -> list[str]:
@@ -351,20 +372,14 @@ def test_default_log_goes_to_stderr_on_one_line(
 def test_invalid_manager_urls(tmp_path: Path) -> None:
     spool = Spool(str(tmp_path))
     for url in ("ftp://host/", "file:///etc/passwd", "127.0.0.1:8080", "http://", "http://host:port/", ""):
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(UsageError) as e:
             Sender(url, TOKEN, spool)
-        assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="http"):
-        run_agent(
-            manager="gopher://x",
-            token=TOKEN,
-            node="n",
-            interval=1,
-            once=True,
-            spool_dir=str(tmp_path),
-            make_report=dict,
-        )
-    with pytest.raises(ValueError):
+        assert str(e.value).startswith("--manager: ") and "\n" not in str(e.value)
+    with pytest.raises(UsageError, match=r"^--manager: .*query"):
+        Sender("http://x/?a=1", TOKEN, spool)
+    with pytest.raises(UsageError, match=r"^--manager: .*http"):
+        run_agent(**agent_args(tmp_path, manager="gopher://x", once=True))
+    with pytest.raises(UsageError, match=r"^--token "):
         Sender("http://x", "bad\ntoken", spool)
     Sender("HTTPS://x.example:8443/", TOKEN, spool)  # accepted
 
@@ -423,26 +438,43 @@ def test_run_agent_loop_backoff_and_failing_reports(manager: FakeManager, tmp_pa
         return {"cycle": cycle[0]}
 
     logs = Logs()
-    rc = run_agent(
-        manager=manager.url,
-        token=TOKEN,
-        node="n1",
-        interval=10,
-        once=False,
-        spool_dir=str(tmp_path),
-        make_report=make_report,
-        sleep=fake_sleep,
-        log=logs,
-        max_cycles=4,
-    )
-    assert rc == 0
+    d = tmp_path / "spool"
+    args = agent_args(tmp_path, manager=manager.url, make_report=make_report, sleep=fake_sleep, log=logs)
+    assert run_agent(**args, max_cycles=4) == EXIT_OK
     # cycle 1 spooled; backoff 1, 2, 4 inside the interval, then the rest of it; cycles 2 and 3: full
     # intervals (spool empty); no sleep after the last cycle
     assert sleeps == pytest.approx([1, 2, 4, 3, 10, 10], abs=0.5)
     assert [manager.stored[i]["report"] for i in manager.order] == [{"cycle": 1}, {"cycle": 2}, {"cycle": 4}]
     assert all(manager.stored[i]["interval_s"] == 10 for i in manager.order)
-    assert any(line.startswith("report failed: OSError: cannot read /proc second line") for line in logs)
-    assert os.listdir(tmp_path) == []
+    failed = [line for line in logs if line.startswith("internal error")]
+    assert failed == ["internal error in the report (1 of 5 in a row): OSError: cannot read /proc second line"]
+    assert os.listdir(d) == []
+
+
+def test_internal_error_is_logged_with_its_traceback_and_the_loop_goes_on(
+    manager: FakeManager, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[int] = []
+
+    sections: dict[str, dict[str, Any]] = {"gpus": {}}
+
+    def buggy_probe() -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 1:
+            return sections["cpus"]
+        return {"call": len(calls)}
+
+    logs = Logs()
+    args = agent_args(tmp_path, manager=manager.url, make_report=buggy_probe, sleep=lambda s: None, log=logs)
+    assert run_agent(**args, max_cycles=3) == EXIT_OK
+    assert [manager.stored[i]["report"] for i in manager.order] == [{"call": 2}, {"call": 3}]
+    assert logs == ["internal error in the report (1 of 5 in a row): KeyError: 'cpus'"]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "oomguard agent: Traceback (most recent call last):"
+    assert any("in buggy_probe" in line for line in err)  # the frame that failed, not only its type
+    assert any('return sections["cpus"]' in line for line in err)
+    assert err[-1] == "oomguard agent: KeyError: 'cpus'"
+    assert all(line.startswith("oomguard agent: ") for line in err)
 
 
 def test_run_agent_loop_backoff_stays_inside_the_interval(dead_url: str, tmp_path: Path) -> None:
@@ -466,18 +498,103 @@ def test_run_agent_loop_backoff_stays_inside_the_interval(dead_url: str, tmp_pat
     assert len(Spool(str(tmp_path)).pending()) == 3  # nothing lost
 
 
-def test_run_agent_loop_rejects_a_zero_interval(manager: FakeManager, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="interval"):
-        run_agent(
-            manager=manager.url,
-            token=TOKEN,
-            node="n",
-            interval=0,
-            once=False,
-            spool_dir=str(tmp_path),
-            make_report=dict,
-            max_cycles=1,
-        )
+def failing_every(pattern: str) -> tuple[list[str], Any]:
+    """A make_report that fails ("x") or succeeds (".") per call as *pattern* says, then succeeds."""
+    calls: list[str] = []
+
+    def make_report() -> dict[str, Any]:
+        outcome = pattern[len(calls)] if len(calls) < len(pattern) else "."
+        calls.append(outcome)
+        if outcome == "x":
+            raise RuntimeError(f"bug number {len(calls)}")
+        return {"call": len(calls)}
+
+    return calls, make_report
+
+
+def test_consecutive_internal_errors_end_the_loop_with_exit_internal(
+    dead_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert MAX_INTERNAL_ERRORS == 5 and EXIT_INTERNAL == 70  # documented; 70 is EX_SOFTWARE (sysexits.h)
+    calls, make_report = failing_every("x" * 100)
+    sleeps: list[float] = []
+    logs = Logs()
+    args = agent_args(tmp_path, manager=dead_url, make_report=make_report, sleep=sleeps.append, log=logs)
+    assert run_agent(**args) == EXIT_INTERNAL  # max_cycles=None: only the errors end it
+    assert len(calls) == MAX_INTERNAL_ERRORS
+    assert sleeps == pytest.approx([10] * (MAX_INTERNAL_ERRORS - 1), abs=0.5)  # a full interval apart, no spin
+    assert [line.split(":")[0] for line in logs[:-1]] == [
+        f"internal error in the report ({n} of 5 in a row)" for n in range(1, 6)
+    ]
+    assert logs[-1] == "giving up after 5 internal errors in a row (tracebacks above)"
+    assert capsys.readouterr().err.count("Traceback (most recent call last):") == MAX_INTERNAL_ERRORS
+
+
+def test_a_good_report_resets_the_internal_error_count(dead_url: str, tmp_path: Path) -> None:
+    calls, make_report = failing_every("xxxx.xxxx.xxxx")
+    logs = Logs()
+    args = agent_args(tmp_path, manager=dead_url, make_report=make_report, sleep=lambda s: None, log=logs)
+    assert run_agent(**args, max_cycles=16) == EXIT_OK
+    assert len(calls) == 16
+    assert sum(line.startswith("internal error") for line in logs) == 12
+    assert not any(line.startswith("giving up") for line in logs)
+    assert len(Spool(str(tmp_path / "spool")).pending()) == 4  # the good ones, spooled: nothing lost
+
+
+def test_a_failing_wait_is_an_internal_error_and_still_waits(manager: FakeManager, tmp_path: Path) -> None:
+    manager.status = 503  # the report is spooled: the wait retries it with backoff
+    sleeps: list[float] = []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        if len(sleeps) == 1:
+            raise RuntimeError("broken clock")
+
+    logs = Logs()
+    args = agent_args(tmp_path, manager=manager.url, sleep=sleep, log=logs)
+    assert run_agent(**args, max_cycles=2) == EXIT_OK
+    assert sleeps == pytest.approx([1, 10], abs=0.5)  # the backoff step failed: the rest of the interval
+    assert [line for line in logs if line.startswith("internal")] == [
+        "internal error in the wait between reports (1 of 5 in a row): RuntimeError: broken clock"
+    ]
+
+
+def test_a_usage_error_from_the_probe_is_not_an_internal_error(tmp_path: Path) -> None:
+    def make_report() -> dict[str, Any]:
+        raise UsageError("--budget: not a size: 'lots'")
+
+    logs = Logs()
+    with pytest.raises(UsageError, match="--budget"):
+        run_agent(**agent_args(tmp_path, make_report=make_report, sleep=lambda s: None, log=logs))
+    assert logs == []
+
+
+@pytest.mark.parametrize("interval", [0, -1, float("nan")])
+def test_run_agent_loop_rejects_an_interval_not_above_zero(tmp_path: Path, interval: float) -> None:
+    with pytest.raises(UsageError, match=r"^--interval: .*> 0 seconds, got") as e:
+        run_agent(**agent_args(tmp_path, interval=interval), max_cycles=1)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "spool").exists()  # refused before anything was created
+
+
+def test_an_unusable_spool_is_a_usage_error_naming_the_flag(manager: FakeManager, tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    for bad, why in ((a_file, "not a directory"), (a_file / "spool", "Not a directory")):
+        for once in (True, False):
+            with pytest.raises(UsageError, match=r"^--spool: cannot use .* as the spool directory \(") as e:
+                run_agent(**agent_args(tmp_path, manager=manager.url, spool_dir=str(bad), once=once))
+            assert str(e.value).endswith(f"{str(bad)!r} as the spool directory ({why})")
+        with pytest.raises(UsageError, match=r"^--spool: "):
+            EventForwarder(manager.url, TOKEN, "n1", str(bad))
+    assert manager.requests == []
+
+
+def test_event_forwarder_usage_errors_name_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"^--manager: "):
+        EventForwarder("manager:8080", TOKEN, "n1", str(tmp_path))
+    with pytest.raises(UsageError, match=r"^--token "):
+        EventForwarder("http://manager:8080", "two words", "n1", str(tmp_path))
 
 
 # --- spool durability and order ---------------------------------------------------------
@@ -602,3 +719,21 @@ def test_default_spool_dir_precedence() -> None:
     assert default_spool_dir(env) == "/home/u/.local/state/oomguard/spool"
     assert default_spool_dir({"HOME": "/root", "OOMGUARD_SPOOL": ""}) == "/root/.local/state/oomguard/spool"
     assert default_spool_dir({}).endswith(os.path.join(".local", "state", "oomguard", "spool"))
+
+
+def test_the_package_exports_what_the_commands_use() -> None:
+    from oomguard import agent
+
+    public = {name for name in vars(agent) if not name.startswith("_")} - {"annotations"}
+    modules = {"forwarder", "log", "loop", "node", "sender", "spool"}
+    assert sorted(agent.__all__) == sorted(public - modules)
+    assert set(agent.__all__) == {
+        "EventForwarder",
+        "NODE_NAME_CHARS",
+        "Sender",
+        "Spool",
+        "default_node_name",
+        "default_spool_dir",
+        "run_agent",
+        "sanitize_node_name",
+    }

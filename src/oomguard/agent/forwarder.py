@@ -6,18 +6,17 @@ import threading
 import uuid
 from typing import Any
 
-from oomguard.agent.agent import Sender, Spool
-from oomguard.errors import UsageError
+from oomguard.agent.sender import Sender
+from oomguard.agent.spool import open_spool
 
 
 class EventForwarder:
-    """A sink for supervisor events: spooled at once (durable), sent by a background thread."""
+    """A sink for supervisor events: spooled at once (durable), sent by a background thread.
+
+    ``UsageError`` naming the flag for a bad ``--manager``, ``--token`` or ``--spool``."""
 
     def __init__(self, manager: str, token: str, node: str, spool_dir: str) -> None:
-        try:
-            self.sender = Sender(manager, token, Spool(spool_dir), timeout=5.0)
-        except ValueError as exc:
-            raise UsageError(f"run: --manager: {exc}") from None
+        self.sender = Sender(manager, token, open_spool(spool_dir), timeout=5.0)
         self.node = node
         self._wake = threading.Event()
         self._stop = False

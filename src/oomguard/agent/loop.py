@@ -1,0 +1,140 @@
+"""The agent loop: a ``check`` report to the manager every interval, or once.
+
+Network and HTTP failures are not errors here: the report waits in the spool and the loop
+retries it with backoff inside the interval. An exception that escapes the report or the
+wait (from the probe, or from the agent's own code) is an internal error, a bug: it is
+logged with its full traceback on stderr and the loop goes on. After
+``MAX_INTERNAL_ERRORS`` internal errors with no report made in between, the agent gives up
+and exits ``EXIT_INTERNAL``, so that its supervisor (systemd, a container restart policy)
+sees it and an operator reads the tracebacks. An ``OomguardError`` (a usage or input
+error) is no bug: it propagates to the command line, which prints one line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, ParamSpec
+
+from oomguard.agent.log import one_line, stderr_log, stderr_traceback
+from oomguard.agent.sender import Sender
+from oomguard.agent.spool import open_spool
+from oomguard.errors import EXIT_OK, EXIT_SPOOLED, OomguardError, UsageError
+
+# Proposed for errors.py's table (EX_SOFTWARE, sysexits.h); until it is there, defined here.
+EXIT_INTERNAL = 70
+MAX_INTERNAL_ERRORS = 5  # internal errors with no report made in between: the agent exits EXIT_INTERNAL
+
+_P = ParamSpec("_P")
+
+
+class _InternalErrors:
+    """Counts internal errors since the last delivered (or spooled) report; logs each one's
+    one-line summary and its traceback."""
+
+    def __init__(self, emit: Callable[[str], None], limit: int = MAX_INTERNAL_ERRORS) -> None:
+        self.emit = emit
+        self.limit = limit
+        self.in_a_row = 0
+
+    def attempt(self, what: str, action: Callable[_P, object], *args: _P.args, **kwargs: _P.kwargs) -> bool:
+        """Run *action*; False (logged, counted) when it raised anything but an OomguardError."""
+        try:
+            action(*args, **kwargs)
+        except OomguardError:
+            raise
+        except Exception as exc:
+            self.in_a_row += 1
+            summary = one_line(f"{type(exc).__name__}: {exc}", 300)
+            self.emit(f"internal error in the {what} ({self.in_a_row} of {self.limit} in a row): {summary}")
+            stderr_traceback(exc)
+            return False
+        return True
+
+    @property
+    def exhausted(self) -> bool:
+        return self.in_a_row >= self.limit
+
+
+def _report(sender: Sender, node: str, make_report: Callable[[], dict[str, Any]], interval: float) -> None:
+    sender.report(node, make_report(), interval)
+
+
+def _wait(sender: Sender, interval: float, spent: float, sleep: Callable[[float], None]) -> None:
+    """Sleep out the rest of the interval; while items wait in the spool, retry them with
+    backoff (1 s, doubling, capped at the interval)."""
+    remaining = interval - spent
+    delay = 1.0
+    while remaining > 0:
+        if not sender.spool.pending():
+            sleep(remaining)
+            return
+        step = min(delay, remaining)
+        sleep(step)
+        remaining -= step
+        if remaining <= 0:
+            return  # the next cycle's report flushes anyway
+        t0 = time.monotonic()
+        sender.flush()
+        remaining -= time.monotonic() - t0
+        delay = min(delay * 2, interval)
+
+
+def _loop(
+    sender: Sender,
+    *,
+    node: str,
+    interval: float,
+    make_report: Callable[[], dict[str, Any]],
+    sleep: Callable[[float], None],
+    max_cycles: int | None,
+) -> int:
+    errors = _InternalErrors(sender.log)
+    cycles = 0
+    while max_cycles is None or cycles < max_cycles:
+        t0 = time.monotonic()
+        if errors.attempt("report", _report, sender, node, make_report, interval):
+            errors.in_a_row = 0  # a report made it to the manager or the spool
+        cycles += 1
+        if errors.exhausted or cycles == max_cycles:
+            break
+        if not errors.attempt("wait between reports", _wait, sender, interval, time.monotonic() - t0, sleep):
+            sleep(max(0.0, interval - (time.monotonic() - t0)))  # never spin on a failing wait
+        if errors.exhausted:
+            break
+    if errors.exhausted:
+        sender.log(f"giving up after {errors.in_a_row} internal errors in a row (tracebacks above)")
+        return EXIT_INTERNAL
+    return EXIT_OK
+
+
+def run_agent(
+    *,
+    manager: str,
+    token: str,
+    node: str,
+    interval: float,
+    once: bool,
+    spool_dir: str,
+    make_report: Callable[[], dict[str, Any]],
+    sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] | None = None,
+    max_cycles: int | None = None,
+) -> int:
+    """Report to the manager once or every *interval* seconds; returns the exit code.
+
+    *once*: ``EXIT_OK`` when the spool is empty afterwards, else ``EXIT_SPOOLED``; a failing
+    *make_report* raises; the report's ``interval_s`` is *interval* when > 0 (a cron period),
+    else null. Else every *interval* until *max_cycles* (None: for ever): ``EXIT_OK``, or
+    ``EXIT_INTERNAL`` after ``MAX_INTERNAL_ERRORS`` internal errors in a row (logged with
+    their tracebacks).
+    ``UsageError`` naming the flag for a bad ``--manager``, ``--token``, ``--interval`` or ``--spool``.
+    """
+    if not once and not interval > 0:
+        raise UsageError(f"--interval: the report interval must be > 0 seconds, got {interval:g}")
+    emit = log if log is not None else stderr_log
+    sender = Sender(manager, token, open_spool(spool_dir), log=emit)
+    if once:
+        delivered = sender.report(node, make_report(), interval if interval > 0 else None)
+        return EXIT_OK if delivered else EXIT_SPOOLED
+    return _loop(sender, node=node, interval=interval, make_report=make_report, sleep=sleep, max_cycles=max_cycles)

@@ -1,0 +1,203 @@
+"""The spool: items waiting for the manager, durable on disk, replayed oldest first.
+
+Nothing is lost when the manager is down: every report and event is written here first
+(temp file, fsync, rename, fsync of the directory), then sent and removed. One JSON file per
+item, named ``<seq:012d>-<kind>.json``; *seq* gives the send order, across processes too
+(``run --manager`` and ``agent`` may share a spool). Items the manager will never accept move
+to ``rejected/`` with a ``.why`` beside them, for a human.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+from oomguard.agent.log import one_line
+from oomguard.errors import UsageError
+
+KINDS = ("report", "event")
+_SEQ_DIGITS = 12
+_TMP_PREFIX = ".tmp-"
+_STALE_TMP_S = 3600.0
+_REJECTED = "rejected"
+
+
+def default_spool_dir(env: dict[str, str]) -> str:
+    """``$OOMGUARD_SPOOL``, else ``$XDG_STATE_HOME/oomguard/spool``, else
+    ``~/.local/state/oomguard/spool`` (``~`` from ``$HOME`` in *env* when set)."""
+    spool = env.get("OOMGUARD_SPOOL", "")
+    if spool:
+        return os.path.expanduser(spool)
+    state = env.get("XDG_STATE_HOME", "")
+    if state and os.path.isabs(state):  # the XDG spec: relative paths are invalid, ignore them
+        return os.path.join(state, "oomguard", "spool")
+    home = env.get("HOME", "") or os.path.expanduser("~")
+    return os.path.join(home, ".local", "state", "oomguard", "spool")
+
+
+def open_spool(directory: str) -> Spool:
+    """The spool in *directory* (created when missing); ``UsageError`` naming ``--spool`` when
+    it cannot be created or written to."""
+    try:
+        spool = Spool(directory)
+    except OSError as exc:
+        why = "not a directory" if isinstance(exc, FileExistsError) else (exc.strerror or str(exc))
+        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory ({why})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory (not writable)")
+    return spool
+
+
+def parse_name(name: str) -> tuple[int, str] | None:
+    """``000000000042-report.json`` -> ``(42, "report")``; None for anything else."""
+    if not name.endswith(".json"):
+        return None
+    seq, dash, kind = name[: -len(".json")].partition("-")
+    if not dash or kind not in KINDS or len(seq) < _SEQ_DIGITS or not (seq.isascii() and seq.isdigit()):
+        return None
+    return int(seq), kind
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a directory: the rename is all we get
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+class Spool:
+    """A directory of items waiting for the manager, one JSON file each, named
+    ``<seq:012d>-<kind>.json``; *seq* gives the send order. ``OSError`` when *directory*
+    cannot be created (``open_spool`` turns that into a usage error)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.rejected_dir = os.path.join(directory, _REJECTED)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._lock = threading.Lock()
+        self._last_seq = 0
+        self._remove_stale_temps()
+
+    def _remove_stale_temps(self) -> None:
+        """Temp files left by a crash mid-``put`` (never renamed: never part of the spool)."""
+        now = time.time()
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(_TMP_PREFIX):
+                path = os.path.join(self.directory, name)
+                try:
+                    if now - os.stat(path).st_mtime > _STALE_TMP_S:  # younger: maybe another process's
+                        os.unlink(path)
+                except OSError:
+                    pass
+
+    def _max_seq(self) -> int:
+        top = 0
+        for directory in (self.directory, self.rejected_dir):
+            try:
+                names = os.listdir(directory)
+            except OSError:
+                continue
+            for name in names:
+                parsed = parse_name(name)
+                if parsed is not None:
+                    top = max(top, parsed[0])
+        return top
+
+    def put(self, kind: str, body: dict[str, Any]) -> str:
+        """Store *body* durably; returns its path. Raises ``ValueError`` for an unknown *kind*,
+        ``TypeError``/``ValueError`` for a body JSON cannot encode, ``OSError`` when the disk fails."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown spool item kind {kind!r} (expected report or event)")
+        data = json.dumps(body, separators=(",", ":")).encode("utf-8")
+        tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            path = self._name_and_place(tmp, kind)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(self.directory)
+        return path
+
+    def _name_and_place(self, tmp: str, kind: str) -> str:
+        """Give *tmp* the next free seq; returns the item's path."""
+        with self._lock:
+            seq = max(self._last_seq, self._max_seq()) + 1
+            while True:
+                path = os.path.join(self.directory, f"{seq:0{_SEQ_DIGITS}d}-{kind}.json")
+                if self._place(tmp, path):
+                    break
+                seq = max(seq, self._max_seq()) + 1  # another process took it
+            self._last_seq = seq
+        return path
+
+    @staticmethod
+    def _place(tmp: str, path: str) -> bool:
+        """Rename *tmp* to *path* atomically unless *path* exists (two processes may pick the
+        same seq); False when it does. Without hard links, ``os.replace`` after a check."""
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here (some FUSE / network file systems)
+            if os.path.exists(path):
+                return False
+            os.replace(tmp, path)
+            return True
+        os.unlink(tmp)
+        return True
+
+    def pending(self) -> list[str]:
+        """Paths of the items to send, oldest first (temp files and ``rejected/`` excluded)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        items: list[tuple[int, str]] = []
+        for name in names:
+            parsed = parse_name(name)
+            if parsed is not None:
+                items.append((parsed[0], name))
+        items.sort()
+        return [os.path.join(self.directory, name) for _, name in items]
+
+    def reject(self, path: str, why: str) -> None:
+        """Move *path* to ``rejected/`` (kept for a human) with ``<name>.why`` beside it."""
+        os.makedirs(self.rejected_dir, mode=0o700, exist_ok=True)
+        name = os.path.basename(path)
+        with open(os.path.join(self.rejected_dir, name + ".why"), "w", encoding="utf-8") as f:
+            f.write(one_line(why, 2000) + "\n")
+        with contextlib.suppress(FileNotFoundError):  # else another process dealt with it
+            os.replace(path, os.path.join(self.rejected_dir, name))
+
+    def done(self, path: str) -> None:
+        """Remove a delivered item."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
