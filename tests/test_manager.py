@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from oomguard.manager.app import create_app
 from oomguard.manager.db import current_revision, make_engine, migrate, reports
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
+from tests.conftest import REPO
 from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, GiB, ManagerProcess, envelope, fixture_report
 from tests.pg import PostgresServer
 
@@ -378,3 +380,104 @@ def test_a_lost_database_is_503_not_500(tmp_path: Path) -> None:
             conn.execute(text("DROP TABLE events"))
         r = c.post("/api/v1/events", json={"node": "n", "id": "e-1", "event": {"event": "start"}}, headers=AGENT_H)
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
+
+
+# -- the manager's parts on their own ------------------------------------------------------------
+
+
+def test_times_are_milliseconds_through_the_one_iso_writer_and_reader() -> None:
+    from oomguard.manager.times import iso_ms, parse_iso_ms
+    from oomguard.times import iso_from_epoch
+
+    # 8713146728925 / 1000 * 1000 is 8713146728924.999...: truncating it naively loses a millisecond.
+    for ms in (0, 1, 999, 1_780_000_000_123, 8_713_146_728_925):
+        text = iso_ms(ms)
+        assert text is not None and text[:19] == iso_from_epoch(ms // 1000)[:19]
+        assert text.endswith(f".{ms % 1000:03d}Z") and parse_iso_ms(text) == ms
+    assert iso_ms(None) is None
+    assert parse_iso_ms("2026-11-30T21:37:18.5+02:00") == parse_iso_ms("2026-11-30T19:37:18.500Z")
+    assert parse_iso_ms("2026-11-30T19:37:18") == parse_iso_ms("2026-11-30T19:37:18Z")  # no offset: UTC
+    for junk in (None, "", "yesterday", "2026-13-01T00:00:00Z", "\x00", 12, "9" * 100):
+        assert parse_iso_ms(junk) is None, junk
+
+
+def test_one_bearer_check_for_the_api_and_the_pages(tmp_path: Path) -> None:
+    from oomguard.manager.deps import bearer, token_ok
+
+    assert bearer("Bearer  abc ") == "abc" and bearer("bEaReR abc") == "abc"
+    assert bearer("Basic abc") is None and bearer(None) is None and bearer("Bearer") is None
+    assert token_ok(None, None) and token_ok("t", "t") and token_ok("t", "ü") is False
+    assert not token_ok("t", "") and not token_ok("t", None) and not token_ok("t", "T")
+    with make_client(f"sqlite:///{tmp_path / 'b.db'}") as c:
+        c.cookies.set("oomguard_viewer", VIEWER)
+        for path, refused in (("/api/v1/nodes", 401), ("/", 303)):  # one rule: a bearer header wins, else the cookie
+            assert c.get(path, headers={"Authorization": "Basic eDp5"}).status_code == 200, path
+            wrong = c.get(path, headers={"Authorization": "Bearer wrong"}, follow_redirects=False)
+            assert wrong.status_code == refused, path
+        c.cookies.clear()
+        assert c.get("/api/v1/nodes", headers={"Authorization": "Basic eDp5"}).status_code == 401
+
+
+def test_the_alert_policy_on_one_node_row() -> None:
+    from oomguard.manager.alerts import node_alerts
+
+    row = {
+        "name": "n",
+        "status": "online",
+        "effective_bytes": 342 * GiB,
+        "host_total_bytes": 503 * GiB,
+        "budget_bytes": 332 * GiB,
+        "warnings": "[]",
+        "last_seen_ms": 0,
+    }
+    assert node_alerts(row, 0) == []
+    kinds = [a["kind"] for a in node_alerts({**row, "budget_bytes": 400 * GiB}, 0)]
+    assert kinds == ["budget-from-host"]  # above the limit and over half the host: sized from the host
+    kinds = [a["kind"] for a in node_alerts({**row, "budget_bytes": 343 * GiB, "host_total_bytes": 2048 * GiB}, 0)]
+    assert kinds == ["budget-above-limit"]
+    offline = node_alerts({**row, "status": "offline", "warnings": '["memlock-too-low"]'}, 2)
+    assert [(a["kind"], a["severity"]) for a in offline] == [
+        ("offline", "warning"),
+        ("memlock-below-pinned-need", "critical"),
+        ("oom-kills", "critical"),
+    ]
+    assert offline[0]["message"] == "no report since 1970-01-01T00:00:00.000Z"
+    assert offline[2]["message"] == "2 OOM kill(s) in the last hour"
+
+
+def test_a_failed_retention_pass_is_logged_whole_and_the_thread_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    from oomguard.manager.retention import RetentionThread
+
+    calls: list[int] = []
+    passed = threading.Event()
+
+    def thin() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ZeroDivisionError("a bug in the pass")
+        passed.set()
+
+    with caplog.at_level("ERROR", logger="oomguard.manager.retention"):
+        retention = RetentionThread(thin, 0.01).start()
+        try:
+            assert passed.wait(10), "the thread stopped after the failure"
+        finally:
+            retention.stop()
+    failures = [r for r in caplog.records if r.name == "oomguard.manager.retention"]
+    assert len(failures) == 1 and "retention pass failed" in failures[0].getMessage()
+    assert failures[0].exc_info is not None and failures[0].exc_info[0] is ZeroDivisionError
+
+
+def test_a_failed_retention_pass_prints_its_traceback_without_logging_set_up() -> None:
+    import subprocess
+
+    code = (
+        "from oomguard.manager.retention import RetentionThread\n"
+        "def thin():\n    raise ZeroDivisionError('a bug in the pass')\n"
+        "assert RetentionThread(thin, 600).run_once() is False\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "retention pass failed" in proc.stderr and "Traceback (most recent call last)" in proc.stderr
+    assert "in thin\nZeroDivisionError: a bug in the pass" in proc.stderr  # the whole traceback, not str(exc)

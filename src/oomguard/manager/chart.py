@@ -9,6 +9,7 @@ import html
 from datetime import datetime
 from typing import Any
 
+from oomguard.times import parse_iso
 from oomguard.units import format_size
 
 SERIES = (  # key, label, css class
@@ -20,13 +21,21 @@ SERIES = (  # key, label, css class
 W, H, LEFT, RIGHT, TOP, BOTTOM = 760, 260, 70, 10, 10, 30
 
 
-def _t(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+def _series(css: str, label: str, pts: list[tuple[float, float]]) -> list[str]:
+    """One series as a polyline; with few points, a dot on each, so a single report still shows."""
+    if not pts:
+        return []
+    coords = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
+    out = [f'<polyline class="{css}" points="{coords}"><title>{html.escape(label)}</title></polyline>']
+    if len(pts) <= 60:
+        out.extend(f'<circle class="{css}" cx="{px:.1f}" cy="{py:.1f}" r="3"/>' for px, py in pts)
+    return out
 
 
 def memory_chart(history: list[dict[str, Any]]) -> str:
     """An <svg> of the four series over time; a short note when there is nothing to draw."""
-    points = [(_t(h["time"]), h) for h in history if h.get("time")]
+    timed = [(parse_iso(h.get("time")), h) for h in history]
+    points = [(t, h) for t, h in timed if t is not None]
     values = [h[k] for _, h in points for k, _, _ in SERIES if isinstance(h.get(k), int)]
     if not points or not values:
         return '<p class="muted">No history yet.</p>'
@@ -55,13 +64,7 @@ def memory_chart(history: list[dict[str, Any]]) -> str:
             f'<text class="axis" x="{x(t):.1f}" y="{H - 8}" text-anchor="{anchor}">{html.escape(label)}</text>'
         )
     for key, label, css in SERIES:
-        pts = [(x(t), y(h[key])) for t, h in points if isinstance(h.get(key), int)]
-        if not pts:
-            continue
-        coords = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
-        parts.append(f'<polyline class="{css}" points="{coords}"><title>{html.escape(label)}</title></polyline>')
-        if len(pts) <= 60:  # few points: mark each, so a single report still shows
-            parts.extend(f'<circle class="{css}" cx="{px:.1f}" cy="{py:.1f}" r="3"/>' for px, py in pts)
+        parts.extend(_series(css, label, [(x(t), y(h[key])) for t, h in points if isinstance(h.get(key), int)]))
     parts.append("</svg>")
     legend = "".join(f'<span class="legend {css}">{html.escape(label)}</span>' for _, label, css in SERIES)
     return "".join(parts) + f'<div class="legends">{legend}</div>'

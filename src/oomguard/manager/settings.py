@@ -7,9 +7,9 @@ import socket
 from dataclasses import dataclass
 
 from oomguard.errors import UsageError
+from oomguard.units import MiB
 
 DEFAULT_DB = "sqlite:///oomguard.db"
-MiB = 1024 * 1024
 
 
 def is_loopback(host: str) -> bool:

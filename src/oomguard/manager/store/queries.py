@@ -1,0 +1,169 @@
+"""The read side: the node list, one node's detail and history, the dashboard's cards, metric rows.
+
+Plain functions of a connection and the time ``now`` (epoch ms); the node status (online or
+offline) is the alert policy's rule (``oomguard.manager.alerts.node_status``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, select
+
+from oomguard.manager.alerts import node_status
+from oomguard.manager.db import events, nodes, reports
+from oomguard.manager.times import iso_ms
+
+DAY_MS = 24 * 3_600_000
+SORT_KEYS = (
+    "name",
+    "status",
+    "last_seen",
+    "effective_bytes",
+    "host_total_bytes",
+    "budget_bytes",
+    "memlock_soft_bytes",
+    "oom_kills_24h",
+    "runtime",
+)
+HISTORY_COLUMNS = ("effective_bytes", "budget_bytes", "usage_bytes", "working_set_bytes")
+
+
+def _ooms_today(now: int) -> Any:
+    return and_(events.c.reason == "oom-kill", events.c.received_ms > now - DAY_MS)
+
+
+def _filters(status: Any, state: str | None, q: str | None) -> list[Any]:
+    conds = []
+    if state:
+        conds.append(status == state)
+    if q:
+        escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        conds.append(nodes.c.name.like(f"%{escaped}%", escape="\\"))
+    return conds
+
+
+def list_nodes(
+    conn: Connection,
+    now: int,
+    interval_ms: int,
+    *,
+    status: str | None,
+    q: str | None,
+    limit: int,
+    offset: int,
+    sort: str,
+) -> dict[str, Any]:
+    """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match."""
+    st = node_status(now, interval_ms).label("status")
+    # OOM kills per node in the last day, counted once and joined (not a subquery per row).
+    counts = (
+        select(events.c.node_id, func.count(events.c.id).label("n")).where(_ooms_today(now)).group_by(events.c.node_id)
+    ).subquery()
+    oom = func.coalesce(counts.c.n, 0).label("oom_kills_24h")
+    conds = _filters(node_status(now, interval_ms), status, q)
+    key = sort.lstrip("-")
+    special: dict[str, Any] = {"status": st, "oom_kills_24h": oom, "last_seen": nodes.c.last_seen_ms}
+    column = special[key] if key in special else nodes.c[key]
+    summary_columns = [c for c in nodes.c if c.name != "latest_report"]  # not the 2 KB report per row
+    rows_q = (
+        select(*summary_columns, st, oom)
+        .select_from(nodes.outerjoin(counts, counts.c.node_id == nodes.c.id))
+        .where(*conds)
+        .order_by(column.desc() if sort.startswith("-") else column.asc(), nodes.c.name.asc())
+        .limit(limit)
+        .offset(offset)
+    )
+    total = int(conn.execute(select(func.count(nodes.c.id)).where(*conds)).scalar_one())
+    rows = conn.execute(rows_q).mappings().all()
+    return {"nodes": [_summary(r) for r in rows], "total": total, "limit": limit, "offset": offset}
+
+
+def _summary(r: Any) -> dict[str, Any]:
+    return {
+        "name": r["name"],
+        "status": r["status"],
+        "last_seen": iso_ms(r["last_seen_ms"]),
+        "effective_bytes": r["effective_bytes"],
+        "host_total_bytes": r["host_total_bytes"],
+        "budget_bytes": r["budget_bytes"],
+        "limited_by": r["limited_by"],
+        "runtime": r["runtime"],
+        "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
+        "memlock_soft_bytes": r["memlock_soft_bytes"],
+        "oom_kills_24h": int(r["oom_kills_24h"] or 0),
+        "warnings": json.loads(r["warnings"]) if r["warnings"] else [],
+        "concurrency": r["concurrency"],
+    }
+
+
+def _history(conn: Connection, node_id: int) -> list[dict[str, Any]]:
+    columns = [reports.c[name] for name in HISTORY_COLUMNS]
+    rows = conn.execute(
+        select(reports.c.received_ms, *columns).where(reports.c.node_id == node_id).order_by(reports.c.received_ms)
+    ).all()
+    return [{"time": iso_ms(h[0]), **dict(zip(HISTORY_COLUMNS, h[1:], strict=True))} for h in rows]
+
+
+def _events(conn: Connection, node_id: int, limit: int) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        select(events.c.received_ms, events.c.body)
+        .where(events.c.node_id == node_id)
+        .order_by(events.c.received_ms.desc(), events.c.id.desc())
+        .limit(limit)
+    ).all()
+    return [{**json.loads(body), "received": iso_ms(t)} for t, body in rows]
+
+
+def node_detail(conn: Connection, now: int, interval_ms: int, name: str, events_limit: int) -> dict[str, Any] | None:
+    """One node: its summary, latest whole report, history (oldest first) and events (newest first)."""
+    oom_24h = select(func.count(events.c.id)).where(and_(events.c.node_id == nodes.c.id, _ooms_today(now)))
+    row = (
+        conn.execute(
+            select(
+                nodes, node_status(now, interval_ms).label("status"), oom_24h.scalar_subquery().label("oom_kills_24h")
+            ).where(nodes.c.name == name)
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    out = _summary(row)
+    out["latest"] = json.loads(row["latest_report"]) if row["latest_report"] else None
+    out["history"] = _history(conn, row["id"])
+    out["events"] = _events(conn, row["id"], events_limit)
+    return out
+
+
+def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
+    """The dashboard's cards: nodes online and offline, their total effective memory, OOM kills today."""
+    status = node_status(now, interval_ms)
+    out = {"online": 0, "offline": 0, "effective_bytes": 0}
+    per_status = select(status, func.count(nodes.c.id), func.coalesce(func.sum(nodes.c.effective_bytes), 0))
+    for st, count, total in conn.execute(per_status.group_by(status)).all():
+        out[st] = int(count)
+        out["effective_bytes"] += int(total)
+    out["oom_kills_24h"] = int(conn.execute(select(func.count(events.c.id)).where(_ooms_today(now))).scalar_one())
+    return out
+
+
+def metric_rows(conn: Connection, now: int, interval_ms: int) -> list[dict[str, Any]]:
+    """Each node's numbers for /metrics, by name; OOM kills counted over all the history kept."""
+    total_ooms = (
+        select(func.count(events.c.id))
+        .where(and_(events.c.node_id == nodes.c.id, events.c.reason == "oom-kill"))
+        .scalar_subquery()
+    )
+    query = select(
+        nodes.c.name,
+        nodes.c.effective_bytes,
+        nodes.c.host_total_bytes,
+        nodes.c.budget_bytes,
+        nodes.c.memlock_soft_bytes,
+        nodes.c.last_seen_ms,
+        node_status(now, interval_ms).label("status"),
+        total_ooms.label("oom_kills_total"),
+    ).order_by(nodes.c.name)
+    return [dict(r) for r in conn.execute(query).mappings().all()]
