@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard.probes import parsers
+from oomguard.probes.counters import parse_ppid, read_oom_kills, read_peak, read_peak_rss, read_usage
 from oomguard.probes.mounts import parse_mountinfo, parse_mountinfo_line, parse_proc_cgroup, unescape_octal
 from oomguard.sources.root import parse_environ
 
@@ -28,6 +31,7 @@ TEXT_PARSERS = [
     parse_proc_cgroup,
     unescape_octal,
     parse_environ,
+    parse_ppid,
 ]
 
 
@@ -143,3 +147,36 @@ def test_unescape_octal() -> None:
     assert unescape_octal("a\\040b\\011c\\012d\\134e") == "a b\tc\nd\\e"
     assert unescape_octal("trailing\\04") == "trailing\\04"
     assert unescape_octal("\\999") == "\\999"
+
+
+def test_ppid_from_proc_stat() -> None:
+    assert parse_ppid("1234 (sh) S 1200 1234 1234 0 -1") == 1200
+    assert parse_ppid("77 (a) b) (c) R 4242 77 77 0") == 4242  # comm may hold spaces and ")"
+    assert parse_ppid("1 (init) S 0 1 1") == 0
+    for bad in ("", "1 (x", "1 (x) S", "1 (x) S -3 1", "1 (x) S \u00b2 1", "garbage"):
+        assert parse_ppid(bad) is None, bad
+
+
+def test_run_time_counters_read_through_a_root(tmp_path: Path) -> None:
+    from oomguard.sources.root import DirRoot
+
+    files = {
+        "cg/memory.events": "low 0\nhigh 3\nmax 9\noom 2\noom_kill 1\noom_group_kill 0\n",
+        "cg/memory.current": "4096\n",
+        "cg/memory.peak": "8192\n",
+        "v1/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n",
+        "v1/memory.usage_in_bytes": "100\n",
+        "v1/memory.max_usage_in_bytes": "200\n",
+        "proc/42/status": "Name:\tx\nVmPeak:\t 9999 kB\nVmHWM:\t    1536 kB\nVmRSS:\t 1000 kB\n",
+        "proc/43/status": "Name:\tkernel thread, no VmHWM\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    root = DirRoot(str(tmp_path))
+    assert read_oom_kills(root, "/cg/memory.events") == 1
+    assert read_oom_kills(root, "/v1/memory.oom_control") == 5
+    assert read_oom_kills(root, "/nope/memory.events") is None and read_oom_kills(root, None) is None
+    assert (read_usage(root, "/cg", 2), read_usage(root, "/v1", 1), read_usage(root, None, 2)) == (4096, 100, None)
+    assert (read_peak(root, "/cg", 2), read_peak(root, "/v1", 1), read_peak(root, "/v1", 2)) == (8192, 200, None)
+    assert (read_peak_rss(root, 42), read_peak_rss(root, 43), read_peak_rss(root, 44)) == (1536 * 1024, None, None)

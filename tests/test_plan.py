@@ -159,7 +159,6 @@ def test_builtin_profiles_carry_the_provers_numbers() -> None:
     profiles = {name: profile_values(name, p) for name, p in load_profiles().items()}
     assert profiles["porep-c2-32g"] == {
         "per_job": 14 * GiB,
-        "released_at_gpu": 13 * GiB,
         "baseline": 70 * GiB,
         "max_jobs": 18,
     }
@@ -180,7 +179,7 @@ def test_builtin_profiles_carry_the_provers_numbers() -> None:
         (["--baseline", "1G"], "plan: give --per-job SIZE or --profile NAME"),
         (["--per-job", "1G", "--max-jobs", "x"], "--max-jobs: expected a whole number, got 'x'"),
         (["--per-job", "1G", "--cpus-per-job", "0"], "--cpus-per-job: must be a number above 0"),
-        (["--per-job", "1G", "--require-jobs", "-2"], "plan: --require-jobs needs a value"),
+        (["--per-job", "1G", "--require-jobs", "-2"], "--require-jobs: must not be negative, got '-2'"),
     ],
 )
 def test_invalid_shapes_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -239,3 +238,38 @@ def test_shape_rejects_nonsense() -> None:
         Shape(0)
     with pytest.raises(UsageError):
         Shape(GiB, cpus_per_job=float("nan"))
+
+
+def test_the_plan_is_in_the_contract(tmp_path: Path) -> None:
+    """A report that carries a plan (as the agent ships it) validates; any other extra key does not."""
+    from importlib import resources
+
+    import jsonschema
+
+    from oomguard import probe
+    from oomguard.sources.root import DirRoot
+
+    schema = json.loads(resources.files("oomguard").joinpath("schema.json").read_text())
+    report = probe(root=DirRoot(str(make_tree(tmp_path, limit=str(10 * GiB), mem_total_kb=512 * 1024**2))))
+    jsonschema.validate(report, schema)  # plan is optional
+    shape = Shape(GiB, 2 * GiB, pinned_per_job=MiB, gpu_per_job=GiB, max_jobs=5, cpus_per_job=0.5, profile="mine")
+    report["plan"] = make_plan(report, shape)
+    jsonschema.validate(report, schema)
+    assert set(report["plan"]) == set(schema["properties"]["plan"]["required"])
+    assert report["plan"]["shape"] == {
+        "profile": "mine",
+        "per_job_bytes": GiB,
+        "baseline_bytes": 2 * GiB,
+        "pinned_per_job_bytes": MiB,
+        "pinned_baseline_bytes": 0,
+        "gpu_per_job_bytes": GiB,
+        "max_jobs": 5,
+        "cpus_per_job": 0.5,
+    }
+    report["plan"]["capacity"]["disk"] = 3  # type: ignore[typeddict-unknown-key]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(report, schema)
+    del report["plan"]["capacity"]["disk"]  # type: ignore[typeddict-item]
+    report["extra"] = 1  # type: ignore[typeddict-unknown-key]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(report, schema)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import signal
@@ -14,11 +16,25 @@ from typing import Any
 
 import pytest
 
+from oomguard.probes.counters import child_pids
+from oomguard.sources.cgroupfs import CgroupFS
+from oomguard.sources.root import DirRoot
+from oomguard.supervisor.exits import NO_COUNTER
+from oomguard.supervisor.isolate import Isolation
+from oomguard.supervisor.process import (
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_PDEATHSIG,
+    kill_orphans,
+    load_libc,
+    prctl_failure,
+    set_prctl,
+)
 from oomguard.supervisor.restart import RestartPolicy
-from oomguard.supervisor.supervise import RunConfig, Supervisor, classify, substitute
+from oomguard.supervisor.supervise import RunConfig, Supervisor, prepare_child, substitute
 from oomguard.units import format_size_exact, parse_duration
 from tests.conftest import REPO
 from tests.realcgroup import Group, writable_parent
+from tests.test_exits import OOM_WORKER, V2_EVENTS, cgroup_tree, supervise_in_tree
 
 MiB = 1024**2
 GiB = 1024**3
@@ -40,16 +56,6 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 
 # -- pure parts ---------------------------------------------------------------------------
-
-
-def test_classify() -> None:
-    assert classify(0, 0, 0) == ("clean", None)
-    assert classify(3, 0, 0) == ("exit", None)
-    assert classify(-9, 0, 1) == ("oom-kill", None)
-    assert classify(-9, 1, 1) == ("signal", None)
-    assert classify(-15, 0, 1) == ("signal", None)  # only SIGKILL can be the OOM killer
-    reason, note = classify(-9, None, None)
-    assert reason == "signal" and note and "cannot be told" in note
 
 
 def test_substitute_and_exact_sizes() -> None:
@@ -294,6 +300,169 @@ def test_no_zombies_no_orphans_and_a_small_supervisor(tmp_path: Path) -> None:
     while alive(gpid):
         assert time.monotonic() < end, "the orphaned grandchild survived the supervisor"
         time.sleep(0.05)
+
+
+# -- prctl: failures are said, once --------------------------------------------------------
+
+
+def test_set_prctl_returns_the_errno() -> None:
+    assert set_prctl(0xDEAD, 0, load_libc()) == errno.EINVAL  # the kernel's answer to an unknown option
+    assert set_prctl(PR_SET_PDEATHSIG, signal.SIGKILL, None) == errno.ENOSYS  # no libc at all
+    assert set_prctl(PR_SET_PDEATHSIG, signal.SIGKILL, object()) == errno.ENOSYS  # a libc without prctl
+
+
+def test_prctl_failure_is_one_line_naming_option_and_errno() -> None:
+    assert prctl_failure(PR_SET_PDEATHSIG, errno.EPERM) == (
+        "oomguard run: prctl(PR_SET_PDEATHSIG) failed: EPERM (Operation not permitted); "
+        "the worker survives if the supervisor dies\n"
+    )
+    line = prctl_failure(PR_SET_CHILD_SUBREAPER, errno.EINVAL)
+    assert line.startswith("oomguard run: prctl(PR_SET_CHILD_SUBREAPER) failed: EINVAL (Invalid argument); ")
+    assert line.count("\n") == 1 and line.endswith("\n")
+
+
+def test_a_denied_prctl_is_reported_once_across_restarts(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree")
+    rc, ev, err, _ = supervise_in_tree(
+        tree, command=["sh", "-c", "exit 1"], budget="1GiB", max_restarts=2, deny_prctl=True
+    )
+    assert rc == 1 and [e["event"] for e in ev].count("start") == 3
+    lines = err.splitlines()
+    assert [x for x in lines if "prctl(" in x] == [
+        "oomguard run: prctl(PR_SET_CHILD_SUBREAPER) failed: EPERM (Operation not permitted); "
+        "processes the worker leaves behind are not reaped",
+        "oomguard run: prctl(PR_SET_PDEATHSIG) failed: EPERM (Operation not permitted); "
+        "the worker survives if the supervisor dies",
+    ]
+
+
+class FakeLibc:
+    """A C library whose prctl answers *err* (0: success) and records its calls."""
+
+    def __init__(self, err: int) -> None:
+        self.err = err
+        self.calls: list[tuple[int, ...]] = []
+
+    def prctl(self, *args: int) -> int:
+        self.calls.append(args)
+        ctypes.set_errno(self.err)
+        return -1 if self.err else 0
+
+
+def test_prepare_child_says_what_failed_on_fd_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    libc = FakeLibc(errno.EPERM)
+    prepare_child(libc, True, None)
+    prepare_child(libc, False, None)  # later starts keep quiet
+    assert libc.calls == [(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)] * 2
+    assert capfd.readouterr().err == prctl_failure(PR_SET_PDEATHSIG, errno.EPERM)
+    gone = Isolation("/sys/fs/cgroup/gone", 2, DirRoot(str(tmp_path)), CgroupFS(str(tmp_path)))
+    prepare_child(FakeLibc(0), True, gone)  # the group vanished: one line, no traceback
+    assert capfd.readouterr().err == (
+        "oomguard run: cannot move the worker into /sys/fs/cgroup/gone: No such file or directory\n"
+    )
+
+
+def test_a_working_prctl_says_nothing(tmp_path: Path) -> None:
+    rc, _, err, _ = supervise_in_tree(cgroup_tree(tmp_path / "tree"), command=["true"], budget="1GiB")
+    assert rc == 0 and "prctl" not in err
+
+
+# -- isolation and orphans through a fake tree ------------------------------------------------
+
+
+def test_isolation_in_a_fake_v2_tree(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2, **{"sys/fs/cgroup/cgroup.subtree_control": "cpu\n"})
+    root, fs = DirRoot(str(tree)), CgroupFS(str(tree))
+    report = probe_tree(root)
+    iso, why = Isolation.create(report, 300 * MiB, "w", root, fs)
+    assert (
+        iso is None
+        and why == "the memory controller is not delegated below /sys/fs/cgroup (not in cgroup.subtree_control)"
+    )
+    (tree / "sys/fs/cgroup/cgroup.subtree_control").write_text("cpu memory\n")
+    iso, why = Isolation.create(report, 300 * MiB, "w", root, fs)
+    assert iso is not None and why == f"worker isolated in /sys/fs/cgroup/w with a limit of {300 * MiB} bytes"
+    assert (tree / "sys/fs/cgroup/w/memory.max").read_text() == str(300 * MiB)
+    assert iso.oom_source == "/sys/fs/cgroup/w/memory.events"
+    assert iso.peak() is None  # no memory.peak (Linux < 5.19)
+    (tree / "sys/fs/cgroup/w/memory.peak").write_text("7340032\n")
+    assert iso.peak() == 7340032
+    iso.place_self()
+    assert (tree / "sys/fs/cgroup/w/cgroup.procs").read_text() == str(os.getpid())
+    assert iso.remove() is False  # not empty (a real group with processes in it refuses too)
+    for f in (tree / "sys/fs/cgroup/w").iterdir():
+        f.unlink()
+    assert iso.remove() is True and not (tree / "sys/fs/cgroup/w").exists()
+
+
+def test_isolation_in_a_fake_v1_tree_and_refusals(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 1)
+    root, fs = DirRoot(str(tree)), CgroupFS(str(tree))
+    iso, _ = Isolation.create(probe_tree(root), 5 * MiB, "w", root, fs)
+    assert iso is not None and (tree / "sys/fs/cgroup/memory/w/memory.limit_in_bytes").read_text() == str(5 * MiB)
+    assert iso.oom_source == "/sys/fs/cgroup/memory/w/memory.oom_control"
+    (tree / "sys/fs/cgroup/memory/w/memory.max_usage_in_bytes").write_text("4096\n")
+    assert iso.peak() == 4096
+    again, why = Isolation.create(probe_tree(root), 5 * MiB, "w", root, fs)
+    assert again is None and why == "cannot create /sys/fs/cgroup/memory/w: File exists"
+    bare = probe_tree(DirRoot(str(cgroup_tree(tmp_path / "bare", 2))))
+    bare["memory"]["cgroup"]["dir"] = None
+    assert Isolation.create(bare, MiB, "w", root, fs) == (None, "no memory cgroup is mounted")
+
+
+def test_run_isolates_the_worker_in_the_tree(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2, **{"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
+    rc, ev, err, sup_pid = supervise_in_tree(tree, command=["true"], budget="1GiB", restart="never", isolate=True)
+    group = f"/sys/fs/cgroup/oomguard-run-{sup_pid}"
+    assert rc == 0 and f"oomguard run: isolate: worker isolated in {group}" in err
+    # budget 1 GiB + the default margin max(256 MiB, 10%) = 1280 MiB, written by the supervisor
+    assert (tree / group.lstrip("/") / "memory.max").read_text() == str(1280 * MiB)
+    assert (tree / group.lstrip("/") / "cgroup.procs").read_text() == str(ev[0]["pid"])  # placed before exec
+    assert ev[1]["reason"] == "clean"
+    # With --isolate the sub-group's own counter is read, not the parent's: a worker that moves the
+    # parent's counter and dies of SIGKILL is no OOM kill of its group (whose counter the fake
+    # kernel never made: unknown, so said).
+    oom = [PY, "-c", OOM_WORKER, str(tree / V2_EVENTS), "1"]
+    rc, ev, err, _ = supervise_in_tree(tree, command=oom, budget="1GiB", restart="never", isolate=True)
+    assert rc == 137 and (ev[1]["reason"], ev[1]["message"]) == ("signal", NO_COUNTER)
+
+
+def test_run_says_why_it_cannot_isolate(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2)  # no cgroup.subtree_control: nothing delegated
+    rc, _, err, _ = supervise_in_tree(tree, command=["true"], budget="1GiB", restart="never", isolate=True)
+    assert rc == 0
+    assert "oomguard run: cannot isolate: the memory controller is not delegated below /sys/fs/cgroup" in err
+
+
+def test_orphans_are_found_and_killed_through_the_root(tmp_path: Path) -> None:
+    orphan = subprocess.Popen(["sleep", "60"])
+    try:
+        stats = {
+            "1": "1 (init) S 0 1 1 0",
+            str(orphan.pid): f"{orphan.pid} (sleep) S 4242 1 1 0",
+            "77": "77 (a) b) (c) R 4242 77 77 0",  # a comm with spaces and parentheses
+            "78": "78 (other) S 4243 1 1 0",
+            "79": "garbage",
+        }
+        for pid, stat in stats.items():
+            (tmp_path / "proc" / pid).mkdir(parents=True)
+            (tmp_path / "proc" / pid / "stat").write_text(stat)
+        (tmp_path / "proc" / "self").mkdir()
+        root = DirRoot(str(tmp_path))
+        assert sorted(child_pids(root, 4242)) == sorted([orphan.pid, 77])
+        assert child_pids(DirRoot(str(tmp_path / "nothing")), 4242) == []
+        (tmp_path / "proc" / "77").rename(tmp_path / "proc" / "gone")  # only the real process is left to kill
+        assert kill_orphans(root, 4242) == 1
+        assert orphan.wait(10) == -signal.SIGKILL
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+def probe_tree(root: DirRoot) -> Any:
+    from oomguard.policy.budget import probe
+
+    return probe(root=root, budget="1GiB")
 
 
 # -- real cgroups ---------------------------------------------------------------------------

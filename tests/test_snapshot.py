@@ -10,7 +10,7 @@ import pytest
 
 from oomguard import capture, probe
 from oomguard.errors import UsageError
-from oomguard.sources.root import DirRoot, TarRoot
+from oomguard.sources.root import DirRoot, Failure, LiveRoot, TarRoot
 from tests.conftest import FIXTURES, run_oomguard
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -54,7 +54,9 @@ def test_tar_and_dir_roots_agree(tmp_path: Path) -> None:
     """A fixture tree packed as a tarball reads exactly as the tree does."""
     case = next(p for p in sorted(FIXTURES.iterdir()) if (p / "root").is_dir())
     tarball = tmp_path / "case.tar.gz"
-    with tarfile.open(tarball, "w:gz") as tar:
+    # Fixtures share boilerplate files through symlinks (tests/fixtures/_shared); a capture holds
+    # plain files only, so the tarball gets what the links point at.
+    with tarfile.open(tarball, "w:gz", dereference=True) as tar:
         tar.add(case / "root", arcname=".")
     a = probe(root=DirRoot(str(case / "root")))
     b = probe(root=TarRoot(str(tarball)))
@@ -74,7 +76,22 @@ def test_tar_root_lists_and_normalises(tmp_path: Path) -> None:
     assert root.read("/proc/meminfo") == "MemTotal: 1 kB\n"
     assert root.exists("/.dockerenv") and root.exists("/proc/self")
     assert root.listdir("/proc") == ["meminfo", "self"]
-    assert not root.read("/proc/../etc/shadow")
+    outside = root.read("/proc/../etc/shadow")
+    assert isinstance(outside, Failure) and outside.kind == "missing"
+
+
+def test_an_empty_file_is_text_and_a_failure_is_not_falsy(tmp_path: Path) -> None:
+    """Failure has no __bool__: `if not text` would mix up an empty file and a missing one."""
+    (tmp_path / "proc" / "1").mkdir(parents=True)
+    (tmp_path / "proc" / "1" / "stat").write_text("")
+    (tmp_path / "proc" / "self").mkdir()
+    root = DirRoot(str(tmp_path))
+    assert root.read("/proc/1/stat") == ""
+    missing = root.read("/proc/2/stat")
+    assert isinstance(missing, Failure) and missing.kind == "missing" and missing
+    assert root.listdir("/proc") == ["1", "self"]
+    assert isinstance(root.listdir("/proc/nope"), Failure)
+    assert str(os.getpid()) in LiveRoot().listdir("/proc")  # type: ignore[operator]
 
 
 def test_snapshot_environment_comes_from_the_tree_not_the_caller(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
 """Regenerate the field and warning tables of docs/report.md from schema.json and WARNING_CODES.
 
+A field its object does not list in ``required`` is marked "(optional)" (the report's ``plan``).
+
 Usage: python tools/report_doc.py [--check]   (--check: exit 1 when the doc is out of date)
 """
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
@@ -19,7 +22,7 @@ BEGIN_FIELDS, END_FIELDS = "<!-- fields:begin -->", "<!-- fields:end -->"
 BEGIN_CODES, END_CODES = "<!-- warnings:begin -->", "<!-- warnings:end -->"
 
 
-def _type(sub: dict) -> str:  # type: ignore[type-arg]
+def _type(sub: dict[str, Any]) -> str:
     if "enum" in sub:
         return " \\| ".join(
             "null" if v is None else f'`"{v}"`' if isinstance(v, str) else f"`{v}`" for v in sub["enum"]
@@ -30,9 +33,11 @@ def _type(sub: dict) -> str:  # type: ignore[type-arg]
     return " or ".join(t) if isinstance(t, list) else t
 
 
-def _walk(schema: dict, prefix: str, rows: list[str]) -> None:  # type: ignore[type-arg]
+def _walk(schema: dict[str, Any], prefix: str, rows: list[str]) -> None:
+    required = schema.get("required", [])
     for name, sub in schema.get("properties", {}).items():
-        rows.append(f"| `{prefix}{name}` | {_type(sub)} | {sub.get('description', '')} |")
+        optional = "" if name in required else " (optional)"
+        rows.append(f"| `{prefix}{name}` | {_type(sub)}{optional} | {sub.get('description', '')} |")
         _walk(sub, f"{prefix}{name}.", rows)
         items = sub.get("items", {})
         if "properties" in items:

@@ -127,7 +127,39 @@ class BudgetSection(TypedDict):
     requested: str | None
 
 
-class Report(TypedDict):
+class PlanCapacity(TypedDict):
+    """Jobs that fit under each constraint; None where the constraint does not apply."""
+
+    memory: int
+    memlock: int | None
+    gpu: int | None
+    max_jobs: int | None
+    cpu: int | None
+
+
+class PlanShape(TypedDict):
+    profile: str | None
+    per_job_bytes: int
+    baseline_bytes: int
+    pinned_per_job_bytes: int | None
+    pinned_baseline_bytes: int
+    gpu_per_job_bytes: int | None
+    max_jobs: int | None
+    cpus_per_job: float | None
+
+
+class Plan(TypedDict):
+    """``policy.plan.make_plan``'s result; a report carries it as ``plan`` when a job shape was given."""
+
+    concurrency: int
+    binding: str
+    capacity: PlanCapacity
+    headroom_bytes: int | None
+    explanation: str
+    shape: PlanShape
+
+
+class _ReportRequired(TypedDict):
     schema_version: int
     oomguard_version: str
     root: str
@@ -139,3 +171,9 @@ class Report(TypedDict):
     gpu_driver: GpuDriverSection
     budget: BudgetSection
     warnings: list[WarningEntry]
+
+
+class Report(_ReportRequired, total=False):
+    """The report; ``plan`` is there only when a job shape was given (``agent --per-job``)."""
+
+    plan: Plan

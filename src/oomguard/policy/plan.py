@@ -6,7 +6,8 @@ capacity per constraint (null when the constraint does not apply):
             --pinned-per-job, and not when CAP_IPC_LOCK is held or the limit is unlimited
 - gpu:      device memory per job on each visible GPU (applies once the GPU probe exists)
 - max_jobs: the cap given
-- cpu:      floor(effective CPUs / cpus_per_job), only with --cpus-per-job
+- cpu:      floor(effective CPUs / cpus_per_job + 1e-9), only with --cpus-per-job (the
+            epsilon absorbs binary rounding: a 0.7-CPU quota / 0.1 per job is 6.999..., 7 jobs)
 concurrency = the smallest capacity; binding = the constraint that gives it (on a tie,
 the first in the order above).
 """
@@ -19,16 +20,22 @@ from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import Report, WarningEntry
+    from oomguard._types import Plan, PlanCapacity, PlanShape, Report, WarningEntry
 
 CONSTRAINTS = ("memory", "memlock", "gpu", "max_jobs", "cpu")
+# CPU quotas are fractions (cgroup-v2.rst "cpu.max": "$MAX $PERIOD", so "70000 100000" is 0.7):
+# a float quotient that should be a whole number may fall just below it (0.7 / 0.1 ==
+# 6.999999999999999). Any quotient within CPU_EPSILON below a whole number counts as that
+# number: 1e-9 is far above the error of one float division at these magnitudes (~1e-15) and
+# far below a quota's own resolution (microseconds per period: 1e-5 CPU at the default 100 ms).
+CPU_EPSILON = 1e-9
 SHAPE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job", "max_jobs", "cpus_per_job")
 
 
 class Shape:
     """A job shape: sizes in bytes; None where not given."""
 
-    __slots__ = (*SHAPE_FIELDS, "profile", "released_at_gpu")
+    __slots__ = (*SHAPE_FIELDS, "profile")
 
     def __init__(
         self,
@@ -41,7 +48,6 @@ class Shape:
         max_jobs: int | None = None,
         cpus_per_job: float | None = None,
         profile: str | None = None,
-        released_at_gpu: int | None = None,
     ) -> None:
         if per_job <= 0:
             raise UsageError("plan: --per-job must be above 0")
@@ -61,15 +67,18 @@ class Shape:
         self.max_jobs = max_jobs
         self.cpus_per_job = cpus_per_job
         self.profile = profile
-        self.released_at_gpu = released_at_gpu
 
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"profile": self.profile}
-        for name in SHAPE_FIELDS:
-            value = getattr(self, name)
-            key = name if name in ("max_jobs", "cpus_per_job") else name + "_bytes"
-            out[key] = value
-        return out
+    def to_dict(self) -> PlanShape:
+        return {
+            "profile": self.profile,
+            "per_job_bytes": self.per_job,
+            "baseline_bytes": self.baseline,
+            "pinned_per_job_bytes": self.pinned_per_job,
+            "pinned_baseline_bytes": self.pinned_baseline,
+            "gpu_per_job_bytes": self.gpu_per_job,
+            "max_jobs": self.max_jobs,
+            "cpus_per_job": self.cpus_per_job,
+        }
 
 
 def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
@@ -103,20 +112,31 @@ def _gpu_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) ->
     return total  # 0 without a driver: jobs that need device memory cannot run here
 
 
-def make_plan(report: Report, shape: Shape) -> dict[str, object]:
+def cpu_capacity(cpus: float | None, cpus_per_job: float | None) -> int | None:
+    """floor(cpus / cpus_per_job), with ``CPU_EPSILON`` for binary rounding; None without both."""
+    if cpus is None or cpus_per_job is None:
+        return None
+    return int(cpus / cpus_per_job + CPU_EPSILON)
+
+
+def _capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> PlanCapacity:
+    budget = report["budget"]["bytes"]
+    return {
+        "memory": 0 if budget is None or budget < shape.baseline else (budget - shape.baseline) // shape.per_job,
+        "memlock": _memlock_capacity(report, shape, warnings),
+        "gpu": _gpu_capacity(report, shape, warnings),
+        "max_jobs": shape.max_jobs,
+        "cpu": cpu_capacity(report["cpu"]["effective_cpus"], shape.cpus_per_job),
+    }
+
+
+def make_plan(report: Report, shape: Shape) -> Plan:
     """The plan for *shape* under the report's budget; warnings go into the report."""
     warnings = report["warnings"]
     budget = report["budget"]["bytes"]
-    capacity: dict[str, int | None] = dict.fromkeys(CONSTRAINTS)
-    capacity["memory"] = 0 if budget is None or budget < shape.baseline else (budget - shape.baseline) // shape.per_job
-    capacity["memlock"] = _memlock_capacity(report, shape, warnings)
-    capacity["gpu"] = _gpu_capacity(report, shape, warnings)
-    capacity["max_jobs"] = shape.max_jobs
-    cpus = report["cpu"]["effective_cpus"]
-    if shape.cpus_per_job is not None and cpus is not None:
-        capacity["cpu"] = int(cpus / shape.cpus_per_job + 1e-9)
+    capacity = _capacity(report, shape, warnings)
     concurrency, binding = _smallest(capacity)
-    others = [c for n, c in capacity.items() if c is not None and n != "memlock"]
+    others = [c for n, c in capacity.items() if isinstance(c, int) and n != "memlock"]
     if capacity["memlock"] is not None and capacity["memlock"] < min(others):
         add_warning(
             warnings,
@@ -143,16 +163,16 @@ def make_plan(report: Report, shape: Shape) -> dict[str, object]:
     }
 
 
-def _smallest(capacity: dict[str, int | None]) -> tuple[int, str]:
+def _smallest(capacity: PlanCapacity) -> tuple[int, str]:
     best_n, best_name = capacity["memory"] or 0, "memory"
     for name in CONSTRAINTS[1:]:
-        n = capacity[name]
-        if n is not None and n < best_n:
+        n = capacity.get(name)
+        if isinstance(n, int) and n < best_n:
             best_n, best_name = n, name
     return best_n, best_name
 
 
-def explain(report: Report, shape: Shape, n: int, binding: str, capacity: dict[str, int | None]) -> str:
+def explain(report: Report, shape: Shape, n: int, binding: str, capacity: PlanCapacity) -> str:
     jobs = f"{n} job{'s' if n != 1 else ''}"
     b = report["budget"]["bytes"]
     if binding == "memory":

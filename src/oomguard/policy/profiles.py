@@ -2,8 +2,8 @@
 
 A profile file is JSON (any Python) or TOML (Python >= 3.11), either ``{"profiles": {NAME: {...}}}``
 or ``{NAME: {...}}``. Fields: ``per_job`` (required), ``baseline``, ``pinned_per_job``,
-``pinned_baseline``, ``gpu_per_job``, ``released_at_gpu`` (sizes: "14GiB" or bytes),
-``max_jobs`` (int), ``cpus_per_job`` (number), ``description``, ``source`` (text).
+``pinned_baseline``, ``gpu_per_job`` (sizes: "14GiB" or bytes), ``max_jobs`` (int),
+``cpus_per_job`` (number), ``description``, ``source`` (text; not used by the planner).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from oomguard.errors import UsageError
 from oomguard.units import parse_size
 
-SIZE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job", "released_at_gpu")
+SIZE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job")
 # Where the built-in profiles live, for messages: read through the package's loader (pkgutil), not
 # open(), so they are found inside a zip too (``make pyz``: dist/oomguard.pyz).
 BUILTIN = os.path.join(os.path.dirname(__file__), "profiles.json")

@@ -6,7 +6,7 @@ from oomguard._version import __version__
 from oomguard.probes.cgroup import find_hierarchy
 from oomguard.probes.container import probe_container
 from oomguard.probes.cpu import probe_cpu
-from oomguard.probes.gpu import probe_gpus
+from oomguard.probes.gpu import probe_gpus, skipped_driver
 from oomguard.probes.memlock import probe_memlock
 from oomguard.probes.memory import probe_memory
 from oomguard.probes.mounts import CgroupEntry, Mount, parse_mountinfo, parse_proc_cgroup
@@ -119,7 +119,7 @@ def probe_system(
         ),
         "container": probe_container(root, env, entries, mounts),
         "gpus": [],
-        "gpu_driver": {"status": "skipped", "source": None, "driver_version": None, "cuda_version": None},
+        "gpu_driver": skipped_driver(),
         "budget": {"bytes": None, "source": None, "basis_bytes": None, "safety_margin_bytes": None, "requested": None},
         "warnings": warnings,
     }

@@ -16,10 +16,13 @@ from oomguard.sources.gpu import DEFAULT_TIMEOUT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from oomguard._types import GpuDriverSection, GpuEntry, WarningEntry
     from oomguard.sources.root import Root
+
+
+def skipped_driver() -> GpuDriverSection:
+    """The ``gpu_driver`` section before (or without) a GPU probe: status "skipped"."""
+    return {"status": "skipped", "source": None, "driver_version": None, "cuda_version": None}
 
 
 def driver_present(root: Root) -> bool:
@@ -29,14 +32,14 @@ def driver_present(root: Root) -> bool:
 # -- visibility ---------------------------------------------------------------------------------
 
 
-def _select(gpus: list[dict[str, Any]], spec: str) -> list[dict[str, Any]] | None:
+def _select(gpus: list[GpuEntry], spec: str) -> list[GpuEntry] | None:
     """GPUs named by a CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES value; None means all."""
     s = spec.strip()
     if s.lower() in ("all", ""):
         return None if s.lower() == "all" else []
     if s.lower() in ("none", "void", "-1"):
         return []
-    chosen: list[dict[str, Any]] = []
+    chosen: list[GpuEntry] = []
     for raw in s.split(","):
         item = raw.strip()
         if item.isdigit():
@@ -53,7 +56,11 @@ def _select(gpus: list[dict[str, Any]], spec: str) -> list[dict[str, Any]] | Non
     return chosen
 
 
-def visible(gpus: list[dict[str, Any]], env: dict[str, str]) -> list[dict[str, Any]]:
+def _is_row(row: object) -> bool:
+    return isinstance(row, dict) and isinstance(row.get("index"), int)
+
+
+def visible(gpus: list[GpuEntry], env: dict[str, str]) -> list[GpuEntry]:
     out = gpus
     for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         if var in env:
@@ -71,7 +78,7 @@ def probe_gpus(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> tuple[list[GpuEntry], GpuDriverSection]:
     """(visible GPUs, gpu_driver section)."""
-    driver: GpuDriverSection = {"status": "skipped", "source": None, "driver_version": None, "cuda_version": None}
+    driver = skipped_driver()
     if not enabled:
         return [], driver
     if not driver_present(root):
@@ -81,8 +88,9 @@ def probe_gpus(
     driver["source"] = q.get("source")
     driver["driver_version"] = q.get("driver_version")
     driver["cuda_version"] = q.get("cuda_version")
-    gpus = [g for g in q.get("gpus", []) if isinstance(g, dict) and isinstance(g.get("index"), int)]
+    # Rows of the driver's answer (sources/gpu.py) carry GpuEntry's keys; only the index is checked.
+    gpus: list[GpuEntry] = [g for g in q.get("gpus", []) if _is_row(g)]
     if q.get("error"):
         add_warning(warnings, "gpu-probe-failed", f"an NVIDIA driver is present but the GPU query failed: {q['error']}")
     driver["status"] = "failed" if q.get("error") and not gpus else "ok"
-    return visible(gpus, env), driver  # type: ignore[return-value]  # rows have GpuEntry's keys
+    return visible(gpus, env), driver

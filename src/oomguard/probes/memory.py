@@ -134,6 +134,11 @@ def _v2(r: _Reader, h: Hierarchy, mem: MemorySection) -> None:
     swap, _, swap_seen = r.min_limit([d + "/memory.swap.max" for d in h.dirs])
     mem["swap"]["limit_bytes"] = swap
     mem["swap"]["known"] = swap_seen
+    _v2_usage(r, leaf, mem)
+
+
+def _v2_usage(r: _Reader, leaf: str, mem: MemorySection) -> None:
+    """The leaf's usage, page cache, protections, OOM events and pressure (cgroup-v2.rst, "Memory")."""
     cur = r.text(leaf + "/memory.current")
     mem["usage_bytes"] = parse_int_file(cur) if cur is not None else None
     swap_cur = r.text(leaf + "/memory.swap.current")
@@ -328,19 +333,3 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
     if mem["host_available_bytes"] is not None:
         candidates.append(mem["host_available_bytes"])
     mem["available_bytes"] = min(candidates) if candidates else None
-
-
-def read_oom_kills(root: Root, source: str | None) -> int | None:
-    """The ``oom_kill`` counter of ``memory.events`` / ``memory.oom_control`` (a report's ``memory.oom.source``)."""
-    if source is None:
-        return None
-    text = root.read(source)
-    return None if isinstance(text, Failure) else parse_flat_keyed(text).get("oom_kill")
-
-
-def read_usage(root: Root, cgroup_dir: str | None, version: int | None) -> int | None:
-    """Current usage of a memory cgroup directory, or None."""
-    if cgroup_dir is None or version is None:
-        return None
-    text = root.read(cgroup_dir + ("/memory.current" if version == 2 else "/memory.usage_in_bytes"))
-    return None if isinstance(text, Failure) else parse_int_file(text)

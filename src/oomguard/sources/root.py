@@ -1,8 +1,11 @@
 """Where the probe reads from: the live system, a snapshot directory, or a snapshot tarball.
 
-This is the only module that opens files under /proc and /sys. Every read returns
-either text or a ``Failure`` value (psutil's ``cat(path, fallback=...)`` idea), so
-the parsers never see an ``OSError`` and a missing file is a fact, not a crash.
+This is the only module that reads files under /proc and /sys (the probe, ``run``,
+``verify`` and ``--isolate`` all read through a Root; the few cgroup writes are in
+``cgroupfs.py``). Every read returns either text or a ``Failure`` value (psutil's
+``cat(path, fallback=...)`` idea), so the parsers never see an ``OSError`` and a missing
+file is a fact, not a crash. Test a result with ``isinstance(text, Failure)``: a Failure
+has no truth value of its own, because an empty file ("") is falsy too.
 """
 
 from __future__ import annotations
@@ -31,9 +34,6 @@ class Failure:
     def __repr__(self) -> str:
         return f"Failure({self.path!r}, {self.kind!r}, {self.detail!r})"
 
-    def __bool__(self) -> bool:  # lets callers write `if not text: ...`
-        return False
-
 
 def _failure_from_oserror(path: str, exc: OSError) -> Failure:
     if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
@@ -56,6 +56,7 @@ class Root:
         raise NotImplementedError
 
     def listdir(self, path: str) -> list[str] | Failure:
+        """The names in directory *path*, sorted (``run`` lists /proc to find orphans)."""
         raise NotImplementedError
 
     def environ(self) -> dict[str, str]:

@@ -1,9 +1,16 @@
 """Child process of ``oomguard verify``: allocate and touch N bytes, report, hold until told.
 
-Protocol: ``python -m oomguard.verify._alloc NBYTES``. The child raises its own oom_score_adj
-to 1000 (so the OOM killer picks it, not the caller), maps NBYTES of anonymous memory,
-writes every page, prints one JSON line ``{"touched": N, "seconds": S}`` (or
-``{"error": "..."}`` and exit 3), then holds the memory until its stdin closes.
+Protocol: ``python -m oomguard.verify._alloc NBYTES`` (started by ``launch.start_child``). The
+child raises its own oom_score_adj to 1000 (proc(5): the OOM killer then picks it first, not the
+caller), maps NBYTES of anonymous memory, writes every page, prints one JSON line
+``{"touched": N, "seconds": S}``, then holds the memory until its stdin closes and exits 0.
+
+When the mapping or a write fails it prints ``{"error": "..."}`` and exits ``EXIT_ALLOC_FAILED``.
+That status is the child's, read only by ``verify/runner.py`` (the child's ``outcome`` becomes
+"allocation-failed"); it never becomes oomguard's own exit status, whose table is in errors.py
+(``oomguard verify`` exits 4, ``EXIT_VERIFY_FAILED``, when a child failed). Its value, 71, is
+sysexits.h's EX_OSERR ("an operating system error", here mmap or a page fault refused), apart
+from every code in that table so a child's status cannot be mistaken for one of them.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import sys
 import time
 
 CHUNK = 16 * 1024 * 1024
-EXIT_ALLOC_FAILED = 3
+EXIT_ALLOC_FAILED = 71  # EX_OSERR; the child protocol's, see above
 
 
 def main(argv: list[str]) -> int:

@@ -3,43 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from typing import Any
+
+from oomguard.verify.launch import start_child
 
 TIMEOUT = 60.0
 
 
+def _failed(nbytes: int, error: str) -> dict[str, Any]:
+    return {"bytes": nbytes, "ok": False, "errno": None, "skipped": None, "error": error}
+
+
 def run_pin_probe(kind: str, nbytes: int) -> dict[str, Any]:
     """{"bytes", "ok", "errno", "error", "skipped"} from ``python -m oomguard.verify._pin KIND NBYTES``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = start_child("_pin", kind, str(nbytes))
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "oomguard.verify._pin", kind, str(nbytes)],
-            capture_output=True,
-            check=False,
-            text=True,
-            env=env,
-            timeout=TIMEOUT,
-        )
+        out, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        return {
-            "bytes": nbytes,
-            "ok": False,
-            "errno": None,
-            "skipped": None,
-            "error": f"the probe did not finish within {TIMEOUT:g} s",
-        }
+        proc.kill()
+        proc.communicate()
+        return _failed(nbytes, f"the probe did not finish within {TIMEOUT:g} s")
     try:
-        result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         died = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-        result = {
-            "bytes": nbytes,
-            "ok": False,
-            "errno": None,
-            "skipped": None,
-            "error": f"the probe child died ({died}) without a result",
-        }
+        result = _failed(nbytes, f"the probe child died ({died}) without a result")
     return result

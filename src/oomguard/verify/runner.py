@@ -5,132 +5,155 @@ The target (baseline + concurrency x per-job from a plan, or the whole budget) t
 one per CPU up to 8 for a bare budget). Each child raises its oom_score_adj to 1000,
 maps and writes its share, reports, and holds it until every child has reported and
 ``hold`` seconds have passed. A child that dies of SIGKILL while the memory cgroup's
-oom_kill counter rose was OOM-killed. The parent allocates nothing large.
+oom_kill counter rose was OOM-killed (``supervisor/exits.py``, the classifier ``run`` uses
+too). The parent allocates nothing large, and reads /proc and /sys only through a ``Root``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 import time
 from typing import Any
 
 from oomguard.errors import BudgetUnknownError
 from oomguard.policy.plan import Shape, make_plan
-from oomguard.probes.memory import read_oom_kills, read_usage
-from oomguard.sources.root import LiveRoot
+from oomguard.probes.counters import read_oom_kills, read_peak_rss, read_usage
+from oomguard.sources.root import LiveRoot, Root
+from oomguard.supervisor.exits import CLEAN, EXIT, OOM_KILL, SIGNAL, classify, exit_fields
 from oomguard.units import format_size
+from oomguard.verify._alloc import EXIT_ALLOC_FAILED
+from oomguard.verify.launch import start_child
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import Report
+    from oomguard._types import Plan, Report
 
 REPORT_TIMEOUT = 900.0  # seconds for all children to fault their memory in
 MAX_BUDGET_CHILDREN = 8
+# A child's outcome: the exit classifier's reason, in verify's words; plus "allocation-failed"
+# for a child that exits with the child protocol's EXIT_ALLOC_FAILED.
+OUTCOMES = {CLEAN: "ok", EXIT: "exit", SIGNAL: "signal", OOM_KILL: "oom-kill"}
 
 
-def split_target(report: Report, shape: Shape | None, fraction: float) -> tuple[list[int], dict[str, object] | None]:
+def split_target(report: Report, shape: Shape | None, fraction: float) -> tuple[list[int], Plan | None]:
     """The byte count of each child, and the plan when a shape was given."""
     budget = report["budget"]["bytes"]
     if budget is None:
         raise BudgetUnknownError("verify")
+    plan = None
     if shape is not None:
         plan = make_plan(report, shape)
-        sizes = [shape.baseline] + [shape.per_job] * int(plan["concurrency"])  # type: ignore[call-overload]
+        sizes = [shape.baseline] + [shape.per_job] * plan["concurrency"]
     else:
-        plan = None
         cpus = report["cpu"]["effective_cpus"] or 1
         n = max(1, min(int(cpus), MAX_BUDGET_CHILDREN))
         sizes = [budget // n + (1 if i < budget % n else 0) for i in range(n)]
     return [int(s * fraction) for s in sizes if int(s * fraction) > 0], plan
 
 
-def _classify(proc: subprocess.Popen[str], oom_rose: bool | None, error: str | None) -> dict[str, object]:
-    rc = proc.returncode
-    out: dict[str, object] = {"pid": proc.pid, "exit_code": None, "signal": None, "error": error}
-    if rc is None or rc == 0:
-        out["outcome"] = "ok"
-    elif rc < 0:
-        out["signal"] = -rc
-        out["outcome"] = "oom-kill" if rc == -9 and oom_rose else "signal"
-    else:
-        out["exit_code"] = rc
-        out["outcome"] = "allocation-failed" if error else "exit"
-    return out
+def outcome(returncode: int, oom_before: int | None, oom_after: int | None) -> str:
+    """What became of one child: ok, exit, signal, oom-kill or allocation-failed."""
+    if returncode == EXIT_ALLOC_FAILED:
+        return "allocation-failed"
+    return OUTCOMES[classify(returncode, oom_before, oom_after)[0]]
 
 
-def _hwm(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+def _collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    """Each child's JSON line ({} for none or garbage), waiting at most REPORT_TIMEOUT in all."""
+    lines: list[dict[str, Any]] = []
+    deadline = time.monotonic() + REPORT_TIMEOUT
+    for p in procs:
+        assert p.stdout is not None
+        text = p.stdout.readline() if time.monotonic() < deadline else ""
+        try:
+            msg = json.loads(text) if text else {}
+        except ValueError:
+            msg = {}
+        lines.append(msg if isinstance(msg, dict) else {})
+    return lines
 
 
-def verify(report: Report, shape: Shape | None, *, fraction: float = 1.0, hold: float = 3.0) -> dict[str, Any]:
+def _release(procs: list[subprocess.Popen[str]]) -> None:
+    """Close every child's stdin (it lets go of its memory and exits), then reap them all."""
+    for p in procs:
+        if p.stdin is not None:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _child(
+    n: int, p: subprocess.Popen[str], msg: dict[str, Any], before: int | None, after: int | None
+) -> dict[str, Any]:
+    error = msg.get("error") if isinstance(msg.get("error"), str) else None
+    return {
+        "bytes": n,
+        "touched": "touched" in msg,
+        "fault_seconds": msg.get("seconds"),
+        "pid": p.pid,
+        **exit_fields(p.returncode),
+        "error": error,
+        "outcome": outcome(p.returncode, before, after),
+    }
+
+
+def verify(
+    report: Report,
+    shape: Shape | None,
+    *,
+    fraction: float = 1.0,
+    hold: float = 3.0,
+    root: Root | None = None,
+) -> dict[str, Any]:
+    """Allocate the target in children and say whether the machine delivered it.
+
+    *root* is where the OOM-kill counter, the cgroup's usage and the children's peak RSS are
+    read (the live system by default; a fake tree in tests); the children are real.
+    """
+    root = root if root is not None else LiveRoot()
     sizes, plan = split_target(report, shape, fraction)
-    root = LiveRoot()
     oom = report["memory"]["oom"]
     oom_source = oom["source"] if oom else None
     before = read_oom_kills(root, oom_source)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "oomguard.verify._alloc", str(n)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        for n in sizes
-    ]
-    lines: list[dict[str, Any]] = []
-    peak_rss = 0
-    usage = None
+    procs = [start_child("_alloc", str(n), stdin=subprocess.PIPE) for n in sizes]
+    peak_rss, usage = 0, None
     try:
-        deadline = time.monotonic() + REPORT_TIMEOUT
-        for p in procs:
-            assert p.stdout is not None
-            text = p.stdout.readline() if time.monotonic() < deadline else ""
-            try:
-                lines.append(json.loads(text) if text else {})
-            except ValueError:
-                lines.append({})
+        lines = _collect(procs)
         if all("touched" in msg for msg in lines):
             time.sleep(hold)
-            peak_rss = sum(_hwm(p.pid) for p in procs)
-            usage = read_usage(root, report["memory"]["cgroup"]["dir"], report["memory"]["cgroup"]["version"])
+            peak_rss = sum(read_peak_rss(root, p.pid) or 0 for p in procs)
+            cg = report["memory"]["cgroup"]
+            usage = read_usage(root, cg["dir"], cg["version"])
     finally:
-        for p in procs:
-            if p.stdin is not None:
-                with contextlib.suppress(OSError):
-                    p.stdin.close()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _release(procs)
     after = read_oom_kills(root, oom_source)
-    oom_rose = None if before is None or after is None else after > before
-    children: list[dict[str, Any]] = []
-    for n, p, msg in zip(sizes, procs, lines, strict=True):
-        error = msg.get("error") if isinstance(msg.get("error"), str) else None
-        children.append(
-            {
-                "bytes": n,
-                "touched": "touched" in msg,
-                "fault_seconds": msg.get("seconds"),
-                **_classify(p, oom_rose, error),
-            }
-        )
+    children = [_child(n, p, msg, before, after) for n, p, msg in zip(sizes, procs, lines, strict=True)]
+    measured = {
+        "oom_kills": None if before is None or after is None else after - before,
+        "oom_counter": oom_source,
+        "peak_rss_bytes": peak_rss or None,
+        "cgroup_usage_bytes": usage,
+    }
+    return _result(report, sizes, plan, children, measured, fraction=fraction, hold=hold)
+
+
+def _result(
+    report: Report,
+    sizes: list[int],
+    plan: Plan | None,
+    children: list[dict[str, Any]],
+    measured: dict[str, Any],
+    *,
+    fraction: float,
+    hold: float,
+) -> dict[str, Any]:
     touched = sum(c["bytes"] for c in children if c["touched"])
     slowest = max((c["fault_seconds"] for c in children if isinstance(c["fault_seconds"], float)), default=0.0)
     delivered = all(c["outcome"] == "ok" and c["touched"] for c in children)
@@ -141,10 +164,7 @@ def verify(report: Report, shape: Shape | None, *, fraction: float = 1.0, hold: 
         "fraction": fraction,
         "hold_seconds": hold,
         "children": children,
-        "oom_kills": None if before is None or after is None else after - before,
-        "oom_counter": oom_source,
-        "peak_rss_bytes": peak_rss or None,
-        "cgroup_usage_bytes": usage,
+        **measured,
         "fault_in_bytes_per_second": int(touched / slowest) if slowest and delivered else None,
         "plan": plan,
         "budget": report["budget"],
