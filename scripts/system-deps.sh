@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: PostgreSQL (the manager's fleet database) and
-# Chromium (dashboard tests). Installs only what is missing; needs root for apt-get.
+# Debian packages the test suite needs; installs only what is missing (idempotent, quiet):
+# - PostgreSQL (the manager's fleet database) and Chromium (dashboard tests);
+# - qemu-system-x86, linux-image-amd64, busybox-static and cpio: the real cgroup v2 kernel the
+#   VM suite boots (tests/vm/; cpio reads its initramfs back in a test). The -cloud- kernel has
+#   no 9p, so the generic one is needed.
+# Needs root for apt-get; without it, says what is missing and leaves the tests to skip.
 set -euo pipefail
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+# The generic kernel with its 9p modules (a kernel image alone, e.g. the host's, is not enough).
+ls /lib/modules/*/kernel/fs/9p/9p.ko* >/dev/null 2>&1 || need+=(linux-image-amd64)
+# A static busybox: the initramfs's init runs it before any library is reachable.
+[ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" = "install ok installed" ] || need+=(busybox-static)
+command -v cpio >/dev/null 2>&1 || need+=(cpio)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${need[*]}; run as root (or install them) to run every test" >&2
