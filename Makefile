@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest bench clean system-deps pyz
+.PHONY: run test lint typecheck pytest cov fmt bench clean system-deps pyz
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,8 +28,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
-	$(BIN)/python -m pytest
+# The suite under coverage of src/oomguard (settings: [tool.coverage] in pyproject.toml). The
+# summary is printed after the tests whether they pass or not; the target fails when a test fails.
+# `make cov` is the same without lint and type checks, and lists the lines not run.
+# PYTEST_ARGS passes options to pytest: make cov PYTEST_ARGS='-x tests/test_plan.py'.
+cov: COV_REPORT := --show-missing
+pytest cov: $(STAMP)
+	@mkdir -p test-artifacts
+	$(BIN)/python -m coverage erase
+	$(BIN)/python -m coverage run -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -m coverage report $(COV_REPORT); rrc=$$?; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rrc
+
+# Rewrite in place: lint fixes first, then formatting (what `make lint` checks).
+fmt: $(STAMP)
+	$(BIN)/ruff check --fix src tests bench tools
+	$(BIN)/ruff format src tests bench tools
 
 $(VENV)/.installed-bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,manager,bench]'
@@ -52,4 +66,4 @@ pyz:
 	rm -rf $(DIST)/.pyz-stage
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts/.coverage
