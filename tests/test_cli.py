@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import json
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from oomguard.cli import main
-from tests.conftest import run_oomguard
+from oomguard import errors
+from oomguard._version import __version__
+from oomguard.cli import COMMANDS, main
+from oomguard.commands.render import to_json
+from oomguard.errors import (
+    EXIT_CODES,
+    EXIT_OK,
+    EXIT_VERIFY_FAILED,
+    CommandNotFoundError,
+    ThresholdError,
+    UsageError,
+    VerifyFailedError,
+    exit_codes_help,
+    exit_codes_markdown,
+)
+from tests.conftest import REPO, run_oomguard
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -104,11 +119,20 @@ def test_require(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (["check", "--margin", "5X"], "", "oomguard: error: --margin: invalid size '5X'"),
         (["check", "--require=-1"], "", "oomguard: error: --require: invalid size '-1'"),
         (["check"], "OOMGUARD_BUDGET=much\0", "oomguard: error: OOMGUARD_BUDGET: invalid size 'much'"),
-        (["check", "--bogus"], "", "oomguard: error: check: unknown option --bogus"),
+        (["check", "--bogus"], "", "oomguard: error: check: unknown option --bogus (see 'oomguard check --help')"),
+        (["check", "--bogus=1"], "", "oomguard: error: check: unknown option --bogus (see"),
         (["check", "--budget"], "", "oomguard: error: check: --budget needs a value"),
+        (["check", "--json=yes"], "", "oomguard: error: check: --json takes no value"),
+        (["check", "--probe"], "", "oomguard: error: check: ambiguous option: --probe could match --probe-mlock,"),
         (["check", "extra"], "", "oomguard: error: check: unexpected argument 'extra'"),
-        (["frobnicate"], "", "oomguard: error: unknown command 'frobnicate'"),
+        (["frobnicate"], "", "oomguard: error: unknown command 'frobnicate' (commands: check, plan, verify, run,"),
+        (["--frobnicate"], "", "oomguard: error: unknown option --frobnicate (see 'oomguard --help')"),
         (["check", "--probe-mlock", "1M"], "", "oomguard: error: check: --probe-mlock and --probe-pinned lock memory"),
+        (["run", "--restart", "often", "--", "true"], "", "oomguard: error: --restart: expected one of on-failure,"),
+        (["run", "--isolate=1", "--", "true"], "", "oomguard: error: run: --isolate takes no value"),
+        (["capture"], "", "oomguard: error: capture: missing FILE.tar.gz"),
+        (["completion", "fish"], "", "oomguard: error: SHELL: expected one of bash, zsh, got 'fish'"),
+        (["completion"], "", "oomguard: error: completion: the following arguments are required: SHELL"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], env: str, message: str) -> None:
@@ -119,6 +143,14 @@ def test_usage_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], env: 
     assert proc.stdout == ""
     assert proc.stderr.startswith(message), proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_flag_equals_value_and_abbreviations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's conventions: --flag=value, and any unambiguous prefix of a long option."""
+    root = str(make_tree(tmp_path))
+    for argv in (["--budget=300MiB"], ["--bud", "300MiB"], ["--bud=300MiB"]):
+        assert main(["check", "--js", f"--root={root}", *argv]) == 0, argv
+        assert json.loads(capsys.readouterr().out)["budget"]["bytes"] == 300 * 2**20, argv
 
 
 @pytest.mark.parametrize("kind", ["missing", "corrupt", "empty-dir", "not-gzip"])
@@ -148,12 +180,45 @@ def test_tarball_without_probe_files_is_not_a_snapshot(tmp_path: Path) -> None:
 
 def test_help_and_version() -> None:
     top = run_oomguard("--help")
-    assert top.returncode == 0 and "check" in top.stdout and "exit codes" in top.stdout
+    assert top.returncode == 0 and top.stderr == ""
+    assert top.stdout.startswith("usage: oomguard COMMAND [OPTIONS]\n")
+    for name, brief in COMMANDS.items():  # every command, with its one-line brief
+        assert f"\n  {name:<11} {brief}\n" in top.stdout, name
+    assert exit_codes_help() in top.stdout
     sub = run_oomguard("check", "--help")
-    assert sub.returncode == 0 and "--require SIZE" in sub.stdout and "3   a threshold" in sub.stdout
-    assert run_oomguard().returncode == 2
+    assert sub.returncode == 0 and sub.stdout.startswith("usage: oomguard check [--json]")
+    assert "--require SIZE" in sub.stdout and "  3   a threshold" in sub.stdout
+    assert "budget options:" in sub.stdout and "--budget SPEC" in sub.stdout and "PCT% of the" in sub.stdout
+    assert run_oomguard("help", "check").stdout == sub.stdout
+    bare = run_oomguard()
+    assert bare.returncode == 2 and bare.stdout == top.stdout
     version = run_oomguard("--version")
-    assert version.returncode == 0 and version.stdout.startswith("oomguard 0.")
+    assert version.returncode == 0 and version.stdout == f"oomguard {__version__}\n"
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_help_ends_with_the_exit_codes(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: oomguard {command} ")
+    assert out.rstrip("\n").endswith(exit_codes_help())
+
+
+def test_exit_code_table_is_complete_and_ordered() -> None:
+    constants = {name: v for name, v in vars(errors).items() if name.startswith("EXIT_") and isinstance(v, int)}
+    codes = [code for code, _ in EXIT_CODES]
+    assert sorted(constants.values()) == codes, "every EXIT_* constant once, in order"
+    assert all(meaning and "\n" not in meaning for _, meaning in EXIT_CODES)
+    for cls, code in ((UsageError, 2), (ThresholdError, 3), (VerifyFailedError, 4), (CommandNotFoundError, 127)):
+        assert cls.exit_code == code and code in codes, cls
+
+
+def test_readme_exit_codes_table_is_the_generated_one() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Exit codes\n\n", 1)[1]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    first_lines = section.split("\n\n", 1)[0]
+    assert table == first_lines == exit_codes_markdown()
 
 
 def test_live_check_exits_0_and_reports_a_ceiling() -> None:
@@ -166,17 +231,82 @@ def test_live_check_exits_0_and_reports_a_ceiling() -> None:
     assert report["budget"]["bytes"] < mem["effective_bytes"]
 
 
-def test_check_imports_only_the_core() -> None:
-    """`check` must not load heavy modules: they cost start-up time (docs/architecture.md)."""
+def test_check_imports_only_its_own_command() -> None:
+    """`check` loads neither the heavy modules (start-up time, bench/startup.py) nor another command."""
     code = (
-        "import sys, runpy; sys.argv = ['oomguard', 'check', '--json']\n"
-        "try:\n    runpy.run_module('oomguard', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "heavy = {'re', 'json', 'argparse', 'typing', 'dataclasses', 'enum', 'tarfile', 'subprocess'}\n"
-        "sys.stderr.write(repr(sorted(heavy & set(sys.modules))))\n"
+        "import io, sys, runpy, contextlib; sys.argv = ['oomguard', 'check', '--json']\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        runpy.run_module('oomguard', run_name='__main__')\n"
+        "    except SystemExit as e:\n        assert e.code == 0, e.code\n"
+        "print(' '.join(sorted(sys.modules)))\n"
     )
     proc = run_oomguard_code(code)
-    assert proc.stderr.strip() == "[]", proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(proc.stdout.split())
+    assert {"oomguard.cli", "oomguard.commands.check", "oomguard.policy.budget"} <= loaded  # it really ran
+    heavy = ("subprocess", "tarfile", "oomguard.manager", "oomguard.supervisor", "oomguard.agent", "fastapi")
+    assert not [m for m in loaded if m.startswith(heavy)]
+    commands = {m for m in loaded if m.startswith("oomguard.commands.")}
+    assert commands == {"oomguard.commands.check", "oomguard.commands.flags", "oomguard.commands.render"}
+
+
+@pytest.mark.parametrize("form", [["--"], []], ids=["after --", "first positional"])
+def test_run_passes_the_command_through(tmp_path: Path, form: list[str]) -> None:
+    """The worker's command line reaches it untouched, options that look like oomguard's included."""
+    out = tmp_path / "argv"
+    script = f'printf "%s\\n" "$@" > {out}; exit 3'
+    proc = run_oomguard(
+        "run", "--budget", "1GiB", "--restart", "never", *form, "sh", "-c", script, "sh", "-c", "--budget", "--", "x y"
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert out.read_text().splitlines() == ["-c", "--budget", "--", "x y"]
+
+
+def test_agent_once_maps_only_usage_errors_to_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A bug in the probe or the agent is not a "usage error": it propagates (no exit 2 that hides it)."""
+    import oomguard.agent
+
+    def bug(**_: object) -> int:
+        raise ValueError("a bug, not the user's fault")
+
+    def usage(**_: object) -> int:
+        raise UsageError("--manager: not an http(s) URL")
+
+    argv = ["agent", "--once", "--manager", "http://127.0.0.1:9", "--spool", str(tmp_path), "--no-gpu"]
+    monkeypatch.setattr(oomguard.agent, "run_agent", bug)
+    with pytest.raises(ValueError, match="a bug"):
+        main(argv)
+    monkeypatch.setattr(oomguard.agent, "run_agent", usage)
+    assert main(argv) == 2
+
+
+def test_verify_not_delivered_exits_4(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oomguard.verify import runner
+
+    argv = ["verify", "--json", "--root", str(make_tree(tmp_path))]
+    for delivered, code in ((True, EXIT_OK), (False, EXIT_VERIFY_FAILED)):
+        monkeypatch.setattr(runner, "verify", lambda *a, d=delivered, **k: {"delivered": d})
+        assert main(argv) == code
+        assert json.loads(capsys.readouterr().out) == {"delivered": delivered}
+
+
+def test_manager_missing_from_the_build_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "oomguard.manager.cli", None)  # as in the worker zipapp: no manager/
+    assert main(["manager"]) == 2
+    assert capsys.readouterr().err == (
+        "oomguard: error: manager: not in this build (the worker zipapp): pip install 'oomguard[manager]'\n"
+    )
+
+
+def test_json_output_is_json_dumps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--json", "--root", str(make_tree(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert out == json.dumps(json.loads(out), indent=2) + "\n"
+    assert to_json({"x": float("nan"), "y": [float("inf")]}) == json.dumps({"x": None, "y": [None]}, indent=2)
 
 
 def run_oomguard_code(code: str):  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ and metric names against the real command line and the real /metrics."""
 
 from __future__ import annotations
 
+import argparse
 import configparser
 import functools
 import json
@@ -21,8 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from oomguard.cli import AGENT, MANAGER, RUN
-from oomguard.commands.flags import Command
+from oomguard.cli import parse
 from oomguard.errors import UsageError
 from tests.conftest import REPO
 
@@ -88,9 +88,13 @@ def env_of(instructions: list[tuple[str, str]]) -> dict[str, str]:
     return env
 
 
-def parses(command: Command, argv: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """*argv* through oomguard's own parser for *command* (UsageError on an unknown flag)."""
-    return command.parse(argv)
+def parses(command: str, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """*argv* through oomguard's own parser for *command* (UsageError on an unknown flag): the
+    options, and the worker's command line for ``run``."""
+    from oomguard.commands.run import worker_argv
+
+    args = parse([command, *argv])
+    return args, worker_argv(args) if command == "run" else []
 
 
 @functools.cache
@@ -208,8 +212,8 @@ def test_worker_dockerfile_instructions() -> None:
             assert not re.search(r"TOKEN|PASSWORD|SECRET", a), f"ARG {a}: build args end up in the image history"
         assert secret_literal(a) is None, f"{w} {a}: looks like a secret literal"
     # The run flags the image sets are real `oomguard run` flags.
-    values, positionals = parses(RUN, [*shlex.split(env["OOMGUARD_RUN_ARGS"]), "--", "w"])
-    assert positionals == ["w"] and values["stop_timeout"] == "25s"
+    values, positionals = parses("run", [*shlex.split(env["OOMGUARD_RUN_ARGS"]), "--", "w"])
+    assert positionals == ["w"] and values.stop_timeout == "25s"
 
 
 def _stub_bin(tmp_path: Path, run_body: str) -> Path:
@@ -294,9 +298,9 @@ def test_worker_entrypoint_runs_agent_and_run(tmp_path: Path) -> None:
     assert agent_argv == ["agent", "--manager", URL]
     assert (tmp_path / "agent.signal").read_text().strip() == "TERM", "the agent is stopped when run ends"
     # Real flags, as oomguard parses them: the worker's command line comes out whole.
-    values, worker = parses(RUN, run_argv[1:])
-    assert values["manager"] == URL and worker == ["example-worker", "--budget", "{budget}"]
-    assert parses(AGENT, agent_argv[1:])[0]["manager"] == URL
+    values, worker = parses("run", run_argv[1:])
+    assert values.manager == URL and worker == ["example-worker", "--budget", "{budget}"]
+    assert parses("agent", agent_argv[1:])[0].manager == URL
     # The token reaches both through the environment (command lines are public), command lines never.
     for name in ("run", "agent"):
         child_env = (tmp_path / f"{name}.env").read_text().splitlines()
@@ -328,8 +332,8 @@ def test_worker_entrypoint_agent_off_execs_run(tmp_path: Path) -> None:
         "--",
         *worker,
     ]
-    values, positionals = parses(RUN, run_argv[1:])
-    assert values["node"] == "gpu-07" and positionals == worker
+    values, positionals = parses("run", run_argv[1:])
+    assert values.node == "gpu-07" and positionals == worker
 
 
 def test_worker_entrypoint_forwards_term(tmp_path: Path) -> None:
@@ -396,8 +400,8 @@ def test_manager_dockerfile() -> None:
     ins = dockerfile(DEPLOY / "manager" / "Dockerfile")
     assert ins[0][0] == "FROM"
     assert exec_form(dict(ins)["ENTRYPOINT"]) == ["oomguard", "manager"]
-    values, _ = parses(MANAGER, exec_form(dict(ins)["CMD"]))
-    assert values["host"] == "0.0.0.0"
+    values, _ = parses("manager", exec_form(dict(ins)["CMD"]))
+    assert values.host == "0.0.0.0"
     for w, a in ins:
         assert secret_literal(a) is None, f"{w} {a}"
         assert not (w in ("ENV", "ARG") and re.search(r"TOKEN|PASSWORD", a)), f"{w} {a}"
@@ -432,10 +436,10 @@ def test_systemd_unit_keys() -> None:
     assert unit["Install"]["WantedBy"] == "multi-user.target"
     argv = shlex.split(s["ExecStart"])
     assert Path(argv[0]).name == "oomguard" and argv[1] == "manager"
-    values, _ = parses(MANAGER, argv[2:])
-    assert values["host"] == "127.0.0.1", "behind a TLS proxy: loopback only"
-    assert values["db"] == "sqlite:///%S/oomguard/oomguard.db", "the database lives in the StateDirectory"
-    assert not values.get("agent_token") and not values.get("viewer_token"), "tokens never on the command line"
+    values, _ = parses("manager", argv[2:])
+    assert values.host == "127.0.0.1", "behind a TLS proxy: loopback only"
+    assert values.db == "sqlite:///%S/oomguard/oomguard.db", "the database lives in the StateDirectory"
+    assert not values.agent_token and not values.viewer_token, "tokens never on the command line"
     assert set(re.findall(r"--[a-z-]+", s["ExecStart"])) <= help_flags("manager")
 
 
@@ -557,9 +561,9 @@ def test_k8s_manager_flags_are_real(monkeypatch: pytest.MonkeyPatch) -> None:
     c = manager_container()
     args = c["args"]
     assert {a for a in args if a.startswith("--")} <= help_flags("manager")
-    values, extra = parses(MANAGER, args)
+    values, extra = parses("manager", args)
     assert not extra
-    db = values["db"]
+    db = values.db
     assert isinstance(db, str) and db.startswith("postgresql://")
     userinfo, host = db.split("://", 1)[1].split("/", 1)[0].split("@")
     assert ":" not in userinfo, "no password in the URL (PGPASSWORD from a Secret)"
@@ -601,8 +605,8 @@ def test_k8s_worker_keeps_the_entrypoint() -> None:
     svc = by_kind("Service")[m[1]]
     assert m[2] in (None, svc["metadata"]["namespace"]) and int(m[3]) in {p["port"] for p in svc["spec"]["ports"]}
     assert "secretKeyRef" in env_value(c, "OOMGUARD_AGENT_TOKEN")
-    values, _ = parses(RUN, [*shlex.split(env_value(c, "OOMGUARD_RUN_ARGS")), "--", "w"])
-    stop = str(values["stop_timeout"])
+    values, _ = parses("run", [*shlex.split(env_value(c, "OOMGUARD_RUN_ARGS")), "--", "w"])
+    stop = str(values.stop_timeout)
     assert stop.endswith("s") and int(stop[:-1]) < w["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert os.path.dirname(env_value(c, "OOMGUARD_SPOOL")) in mounts, "the spool is on a volume"

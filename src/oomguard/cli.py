@@ -1,317 +1,187 @@
-"""The ``oomguard`` command: dispatch, help, and errors turned into one line and an exit code.
+"""The ``oomguard`` command: an argparse parser, lazy dispatch, errors as one line and an exit code.
 
-Each command imports what it needs when it runs, so ``oomguard check`` loads only the probe.
+Each command is a module in ``oomguard.commands`` with ``configure(parser)`` (its options) and
+``execute(args) -> int``. Only the module of the command that runs is imported (and its options
+defined): ``oomguard check`` loads the probe and nothing of ``run``, ``agent`` or the manager.
+``completion`` gets the whole parser (``args.parser``), every command configured.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 
 from oomguard._version import __version__
-from oomguard.commands.flags import Command, Option, text
-from oomguard.errors import EXIT_INTERRUPTED, EXIT_USAGE, OomguardError, UsageError, exit_codes_help
+from oomguard.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, OomguardError, UsageError, exit_codes_help
 
-EXIT_CODES = exit_codes_help()
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import NoReturn
 
-BUDGET_OPTIONS = [
-    Option("--budget", "auto (default), SIZE (e.g. 300GiB) or PCT% of the basis; beats OOMGUARD_BUDGET", "SPEC"),
-    Option(
-        "--margin", "safety margin under an auto budget: SIZE or PCT% (default min(10GiB, max(256MiB, 10%)))", "SPEC"
-    ),
-    Option(
-        "--root", "probe a snapshot (directory or .tar.gz from 'oomguard capture') instead of the live system", "PATH"
-    ),
-]
+# name -> one line for 'oomguard --help'; the module is oomguard.commands.<name>.
+COMMANDS: dict[str, str] = {
+    "check": "the memory this process may really use, and a safe budget",
+    "plan": "how many jobs of a shape fit, and which constraint binds",
+    "verify": "allocate the plan for real in child processes: delivered or not",
+    "run": "supervise a worker under its budget; tell OOM kills apart; restart",
+    "capture": "save what the probe reads as a .tar.gz snapshot",
+    "agent": "send this node's report to the fleet manager (spooled when it is down)",
+    "manager": "the fleet manager: API, dashboard, metrics (extra [manager])",
+    "completion": "print a shell completion script (bash or zsh)",
+}
 
-GPU_OPTIONS = [
-    Option("--no-gpu", "skip the GPU probe"),
-    Option("--gpu-timeout", "seconds NVML and nvidia-smi may take (default 5)", "SECONDS"),
-]
-
-CHECK = Command(
-    "check",
-    "Report the memory this process may really use (cgroup v1/v2 limits, MemTotal), "
-    "memlock, CPUs, container and a safe budget.",
-    "[--json] [--budget SPEC] [--margin SPEC] [--require SIZE] [--root PATH]",
-    [
-        Option("--json", "print one JSON object (fields: docs/report.md)"),
-        *BUDGET_OPTIONS,
-        Option("--require", "exit 3 when the budget is below SIZE", "SIZE"),
-        *GPU_OPTIONS,
-        Option("--probe-mlock", "really mlock SIZE in a short-lived child and report memlock.probe", "SIZE"),
-        Option("--probe-pinned", "really cudaHostAlloc SIZE (libcudart) in a child: memlock.pinned_probe", "SIZE"),
-    ],
-    epilog="Sizes: B, KiB/MiB/GiB/TiB (K/M/G/T are binary too), KB/MB/GB/TB (decimal).\n" + EXIT_CODES,
-    brief="the memory this process may really use, and a safe budget",
-)
-
-CAPTURE = Command(
-    "capture",
-    "Save every file the probe reads (a snapshot) as a .tar.gz, for a bug report or a test "
-    "fixture; replay it with 'oomguard check --root FILE'. The environment is reduced to the "
-    "variables oomguard reads (docs/snapshots.md).",
-    "[--force] FILE.tar.gz",
-    [Option("--force", "overwrite FILE if it exists")],
-    epilog=EXIT_CODES,
-    max_positionals=1,
-    brief="save what the probe reads as a .tar.gz snapshot",
-)
-
-SHAPE_OPTIONS = [
-    Option("--profile", "job shape from a profile (built in: see --list-profiles); flags override its fields", "NAME"),
-    Option("--profiles", "also load profiles from FILE (JSON, or TOML on Python >= 3.11)", "FILE"),
-    Option("--per-job", "host RAM each job needs at its peak", "SIZE"),
-    Option("--baseline", "resident memory shared by all jobs (caches, parameters)", "SIZE"),
-    Option("--pinned-per-job", "page-locked host memory per job (checked against RLIMIT_MEMLOCK)", "SIZE"),
-    Option("--pinned-baseline", "page-locked memory held once, outside the jobs", "SIZE"),
-    Option("--gpu-per-job", "device memory per job on each visible GPU (needs GPU data)", "SIZE"),
-    Option("--max-jobs", "never more than N jobs", "N"),
-    Option("--cpus-per-job", "CPUs each job needs (no CPU constraint without it)", "N"),
-]
-
-PLAN = Command(
-    "plan",
-    "How many jobs of a shape fit in the budget, which constraint binds, and the headroom left.",
-    "[--json] (--per-job SIZE | --profile NAME) [shape options] [budget options] [--require-jobs N]",
-    [
-        Option("--json", "print one JSON object"),
-        *SHAPE_OPTIONS,
-        Option("--list-profiles", "list the profiles (built in and --profiles) and exit"),
-        Option("--require-jobs", "exit 3 when fewer than N jobs fit", "N"),
-        *BUDGET_OPTIONS,
-        *GPU_OPTIONS,
-    ],
-    epilog="concurrency = min over memory, memlock, gpu, max_jobs, cpu (ties: that order).\n" + EXIT_CODES,
-    brief="how many jobs of a shape fit, and which constraint binds",
-)
-
-VERIFY = Command(
-    "verify",
-    "Prove the machine delivers the plan: allocate and touch baseline + jobs x per-job memory "
-    "(or the whole budget) in child processes, hold it, and report peak, fault-in speed and OOM kills.",
-    "[--json] [shape options] [budget options] [--fraction F] [--hold SECONDS]",
-    [
-        Option("--json", "print one JSON object"),
-        *SHAPE_OPTIONS,
-        Option("--fraction", "verify only this part of the target, 0 < F <= 1 (default 1)", "F"),
-        Option("--hold", "seconds to hold the memory once touched (default 3)", "SECONDS"),
-        *BUDGET_OPTIONS,
-        *GPU_OPTIONS,
-    ],
-    epilog="Exit 0 when the memory was delivered, 4 when not (an OOM kill or a failed allocation).\n" + EXIT_CODES,
-    brief="allocate the plan for real in child processes: delivered or not",
-)
-
-RUN = Command(
-    "run",
-    "Supervise a worker: compute its budget (and concurrency) before each start, pass it in "
-    "OOMGUARD_BUDGET_BYTES / OOMGUARD_BUDGET / OOMGUARD_CONCURRENCY and the placeholders {budget_bytes}, "
-    "{budget}, {budget_gib}, {concurrency} in its arguments, tell OOM kills from other deaths, restart "
-    "with backoff and one less concurrency (or a larger margin) after an OOM kill.",
-    "[budget and plan options] [restart options] [--] CMD ARGS...",
-    [
-        Option("--budget", "auto (default), SIZE or PCT% of the basis; passed through unchanged", "SPEC"),
-        BUDGET_OPTIONS[1],
-        *SHAPE_OPTIONS,
-        Option("--restart", "on-failure (default), always or never", "WHEN"),
-        Option("--backoff-initial", "first restart delay (default 1s)", "DURATION"),
-        Option("--backoff-max", "longest restart delay (default 5m)", "DURATION"),
-        Option("--backoff-factor", "delay multiplier per consecutive restart (default 2)", "X"),
-        Option("--healthy-after", "uptime that resets the backoff (default 10m)", "DURATION"),
-        Option("--max-restarts", "give up after N restarts within --restart-window (default: no limit)", "N"),
-        Option("--restart-window", "window for --max-restarts (default 10m)", "DURATION"),
-        Option(
-            "--on-oom",
-            "after an OOM kill: concurrency (default with plan flags: one less job) or "
-            "margin (default otherwise: a larger safety margin)",
-            "WHAT",
-        ),
-        Option("--min-concurrency", "never fewer jobs than N after OOM kills (default 1)", "N"),
-        Option("--stop-timeout", "SIGKILL this long after forwarding a stop signal (default 30s)", "DURATION"),
-        Option("--isolate", "run the worker in its own memory cgroup limited to budget + margin"),
-        Option("--events", "append events as JSON lines to FILE", "FILE"),
-        Option("--manager", "also send events to the fleet manager at URL (spooled when it is down)", "URL"),
-        Option("--token", "bearer token for --manager (or OOMGUARD_AGENT_TOKEN)", "TOKEN"),
-        Option("--node", "node name for --manager (default: VAST_CONTAINERLABEL, then the hostname)", "NAME"),
-        Option(
-            "--spool",
-            "spool directory for --manager (default: $OOMGUARD_SPOOL, "
-            "$XDG_STATE_HOME/oomguard/spool, ~/.local/state/oomguard/spool)",
-            "DIR",
-        ),
-    ],
-    epilog="Exit status: the worker's (128 + signal when it was killed); 127 when CMD cannot be run.\n"
-    "Durations: 500ms, 30s, 5m, 1h or seconds.\n" + EXIT_CODES,
-    max_positionals=1_000_000,
-    stop_at_positional=True,
-    brief="supervise a worker under its budget; tell OOM kills apart; restart",
-)
-
-MANAGER = Command(
-    "manager",
-    "Run the fleet manager (extra [manager]): agents POST reports and events; an API, Prometheus "
-    "metrics and a dashboard show every node. Migrates the database before it serves.",
-    "[--db URL] [--host HOST] [--port PORT] [--agent-token T] [--viewer-token T] [--retention 30d]",
-    [
-        Option("--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL"),
-        Option("--host", "address to listen on (default 127.0.0.1)", "HOST"),
-        Option("--port", "port (default 8080)", "PORT"),
-        Option("--agent-token", "bearer token agents write with (or OOMGUARD_AGENT_TOKEN)", "TOKEN"),
-        Option("--viewer-token", "bearer token readers use (or OOMGUARD_VIEWER_TOKEN)", "TOKEN"),
-        Option("--retention", "history kept (default 30d; OOM events are kept for ever)", "DURATION"),
-        Option("--interval", "the agents' report interval, for offline detection (default 30s)", "DURATION"),
-        Option("--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE"),
-    ],
-    epilog="Off loopback, both tokens are required. Tokens are compared in constant time.\n" + EXIT_CODES,
-    brief="the fleet manager: API, dashboard, metrics (extra [manager])",
-)
-
-AGENT = Command(
-    "agent",
-    "Send this node's check report to the fleet manager every --interval (standard library only). "
-    "When the manager cannot be reached or answers 5xx, reports wait in a durable spool and are "
-    "replayed in order; each carries an id, so a retry is never stored twice.",
-    "--manager URL [--token T] [--node NAME] [--interval 30s] [--once] [--spool DIR]",
-    [
-        Option("--manager", "the manager's base URL, e.g. http://manager:8080", "URL"),
-        Option("--token", "agent bearer token (or OOMGUARD_AGENT_TOKEN)", "TOKEN"),
-        Option("--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME"),
-        Option("--interval", "time between reports (default 30s)", "DURATION"),
-        Option("--once", "send one report and exit: 0 when delivered, 75 when spooled for later"),
-        Option(
-            "--spool",
-            "spool directory (default: $OOMGUARD_SPOOL, $XDG_STATE_HOME/oomguard/spool, ~/.local/state/oomguard/spool)",
-            "DIR",
-        ),
-        Option("--budget", BUDGET_OPTIONS[0].help, "SPEC"),
-        BUDGET_OPTIONS[1],
-        *SHAPE_OPTIONS,
-        *GPU_OPTIONS,
-    ],
-    epilog="With plan flags the report carries the plan (concurrency, memlock need) too.\n" + EXIT_CODES,
-    brief="send this node's report to the fleet manager (spooled when it is down)",
-)
-
-COMMANDS = {c.name: c for c in (CHECK, PLAN, VERIFY, RUN, CAPTURE, AGENT, MANAGER)}
-
-MAIN_HELP = f"""usage: oomguard COMMAND [OPTIONS]
-
-Know the memory a worker may really use inside a container, and keep it there.
-
-commands:
-{chr(10).join(f"  {c.name:<10} {c.brief}" for c in COMMANDS.values())}
-
-Run 'oomguard COMMAND --help' for a command's options. 'oomguard --version' prints the version.
-
-{EXIT_CODES}
-"""
+DESCRIPTION = "Know the memory a worker may really use inside a container, and keep it there."
 
 
-def _check(values: dict[str, str | bool | None]) -> int:
-    from oomguard.policy.budget import probe
-    from oomguard.units import parse_size
-
-    require = parse_size(str(values["require"]), "--require") if values["require"] is not None else None
-    gpu, gpu_timeout = gpu_options(values)
-    if values["root"] is not None and (values["probe_mlock"] is not None or values["probe_pinned"] is not None):
-        raise UsageError(
-            "check: --probe-mlock and --probe-pinned lock memory on this machine; they cannot go with --root"
-        )
-    pins = {
-        kind: parse_size(str(values[key]), "--" + key.replace("_", "-"))
-        for kind, key in (("mlock", "probe_mlock"), ("cuda", "probe_pinned"))
-        if values[key] is not None
-    }
-    report = probe(
-        root=text(values, "root"),
-        budget=text(values, "budget"),
-        margin=text(values, "margin"),
-        gpu=gpu,
-        gpu_timeout=gpu_timeout,
+def _main_epilog() -> str:
+    rows = "\n".join(f"  {name:<11} {brief}" for name, brief in COMMANDS.items())
+    return (
+        f"commands:\n{rows}\n\n"
+        "Run 'oomguard COMMAND --help' for a command's options.\n"
+        "'oomguard --version' prints the version.\n\n" + exit_codes_help()
     )
-    if pins:
-        from oomguard.verify.pinprobe import run_pin_probe
-
-        for kind, nbytes in pins.items():
-            report["memlock"]["probe" if kind == "mlock" else "pinned_probe"] = run_pin_probe(kind, nbytes)
-    if values["json"]:
-        from oomguard.commands.render import to_json
-
-        sys.stdout.write(to_json(report) + "\n")
-    else:
-        from oomguard.commands.render import format_human
-
-        sys.stdout.write(format_human(report))
-    if require is not None:
-        from oomguard.policy.budget import require as require_budget
-
-        require_budget(report, require)
-    return 0
 
 
-def _capture(values: dict[str, str | bool | None], positionals: list[str]) -> int:
-    from oomguard.probes.capture import capture
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it, without importing shutil."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
 
-    if not positionals:
-        raise UsageError("capture: missing FILE.tar.gz (see 'oomguard capture --help')")
-    n = capture(positionals[0], force=bool(values["force"]))
-    sys.stderr.write(f"oomguard: wrote {n} files to {positionals[0]}\n")
-    return 0
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's layout; descriptions are wrapped, lines that start with a space (tables) are kept.
+
+    The width is found here: argparse's own default imports shutil (and bz2, lzma), which every
+    ``add_argument`` pays for, help or not.
+    """
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        lines = []
+        for line in text.splitlines():
+            if line.startswith(" ") or len(indent + line) <= width:
+                lines.append(indent + line)
+            else:
+                lines.append(
+                    textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+                )
+        return "\n".join(lines)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)  # keeps --list-profiles whole
 
 
-def gpu_options(values: dict[str, str | bool | None]) -> tuple[bool, float]:
-    """(gpu, gpu_timeout) for ``probe()`` from --no-gpu / --gpu-timeout."""
-    timeout = 5.0
-    timeout_text = text(values, "gpu_timeout")
-    if timeout_text is not None:
-        from oomguard.units import parse_duration
+def _plain(message: str, prog: str) -> str:
+    """argparse's message in oomguard's words, naming the flag.
 
-        timeout = parse_duration(timeout_text, "--gpu-timeout")
-    return not values.get("no_gpu"), timeout
+    ``check: --budget needs a value``, ``check: --json takes no value``, ``check: unknown option
+    --bogus`` (what the command line is missing: the command first); ``--restart: expected one
+    of ...`` (what a value is missing: the flag first, as the commands' own checks say it).
+    """
+    command = prog.rsplit(maxsplit=1)[-1]
+    where, see = ("", "") if command == "oomguard" else (f"{command}: ", f" (see '{prog} --help')")
+    subject, sep, rest = message.partition(": ")
+    if not (sep and subject.startswith("argument ")):
+        return f"{where}{message}{see}"
+    flag = subject[len("argument ") :].split("/")[-1]
+    if rest.startswith("expected one argument"):
+        return f"{where}{flag} needs a value{see}"
+    if rest.startswith("ignored explicit argument"):
+        return f"{where}{flag} takes no value{see}"
+    return f"{flag}: {rest}"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are ``UsageError`` (one line, exit 2), never a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(_plain(message, self.prog))
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command word: the first argument that is not an option (the top level has no valued option)."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word is not None and word not in COMMANDS:
+        raise UsageError(f"unknown command {word!r} (commands: {', '.join(COMMANDS)}; see 'oomguard --help')")
+    return word
+
+
+def _module(command: str) -> ModuleType:
+    """``oomguard.commands.<command>``, imported now (``__import__``: importlib costs start-up time)."""
+    return __import__(f"oomguard.commands.{command}", fromlist=["execute"])
+
+
+def build_parser(command: str | None = None, *, full: bool = False) -> Parser:
+    """The parser with *command* (every command when *full*): only what runs is imported and built.
+
+    The main help lists the commands from ``COMMANDS``, so it needs no subparser.
+    """
+    parser = Parser(
+        prog="oomguard",
+        usage="%(prog)s COMMAND [OPTIONS]",
+        description=DESCRIPTION,
+        epilog=_main_epilog(),
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"oomguard {__version__}", help="print the version and exit"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", prog="oomguard", help=argparse.SUPPRESS)
+    for name, brief in COMMANDS.items():
+        if full or name == command:
+            sub = subparsers.add_parser(name, help=brief, formatter_class=HelpFormatter)
+            _module(name).configure(sub)
+            sub.epilog = (sub.epilog + "\n\n" if sub.epilog else "") + exit_codes_help()
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """*argv* (without the program name) parsed as oomguard parses it; UsageError when it cannot be."""
+    command = _command_of(argv)
+    parser = build_parser(command, full=command == "completion")
+    args, extra = parser.parse_known_args(argv)
+    extra = extra[1:] if extra[:1] == ["--"] else extra  # argparse leaves a "--" it did not need
+    if extra:
+        word = extra[0]
+        is_option = word.startswith("-") and word != "-"
+        what = f"unknown option {word.partition('=')[0]}" if is_option else f"unexpected argument {word!r}"
+        raise UsageError(
+            f"{command}: {what} (see 'oomguard {command} --help')" if command else f"{what} (see 'oomguard --help')"
+        )
+    args.parser = parser
+    return args
 
 
 def run(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        if len(argv) > 1 and argv[1] in COMMANDS:
-            sys.stdout.write(COMMANDS[argv[1]].help())
-            return 0
-        sys.stdout.write(MAIN_HELP)
-        return 0 if argv else EXIT_USAGE
-    if argv[0] == "--version":
-        sys.stdout.write(f"oomguard {__version__}\n")
-        return 0
-    command = COMMANDS.get(argv[0])
-    if command is None:
-        raise UsageError(f"unknown command {argv[0]!r} (commands: {', '.join(COMMANDS)}; see 'oomguard --help')")
-    values, positionals = command.parse(argv[1:])
-    if values.get("help"):
-        sys.stdout.write(command.help())
-        return 0
-    if command is CHECK:
-        return _check(values)
-    if command is CAPTURE:
-        return _capture(values, positionals)
-    if command is AGENT:
-        from oomguard.commands.agent import agent_command
-
-        return agent_command(values)
-    if command is MANAGER:
-        try:
-            from oomguard.manager.cli import manager_command
-        except ModuleNotFoundError as exc:  # the worker zipapp ships without the manager
-            if not (exc.name or "").startswith("oomguard.manager"):
-                raise
-            raise UsageError(
-                "manager: not in this build (the worker zipapp): pip install 'oomguard[manager]'"
-            ) from None
-        return manager_command(values)
-    if command is RUN:
-        from oomguard.commands.run import run_command
-
-        return run_command(values, positionals)
-    from oomguard.commands import plan as plan_cli
-
-    return plan_cli.plan_command(values) if command is PLAN else plan_cli.verify_command(values)
+    """Parse and run one command; returns its exit code (help and --version: 0)."""
+    if argv[:1] == ["help"]:  # 'oomguard help [COMMAND]'
+        argv = [*argv[1:2], "--help"]
+    try:
+        args = parse(argv)
+    except SystemExit as exc:  # --help and --version print, then argparse exits
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    if args.command is None:
+        args.parser.print_help()
+        return EXIT_USAGE
+    code = _module(args.command).execute(args)
+    assert isinstance(code, int)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("oomguard: interrupted\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
 
 
 def main_exit() -> None:

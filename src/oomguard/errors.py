@@ -14,16 +14,18 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad flag, bad size or variable, missing or corrupt snapshot
 EXIT_THRESHOLD = 3  # a --require style threshold was not met
 EXIT_VERIFY_FAILED = 4  # verify: the machine did not deliver the memory
+EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): the agent gave up after repeated internal errors
 EXIT_SPOOLED = 75  # EX_TEMPFAIL (sysexits.h): spooled, a later run delivers it
 EXIT_NOT_FOUND = 127  # run: the worker's command cannot be started (as a shell says)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
-# (code, meaning): the order is the order of the help text and the README's table.
+# (code, meaning), every EXIT_* above once, in order: the help text and the README's table.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok (check exits 0 with warnings too: they are in the report)"),
     (EXIT_USAGE, "usage or input error: bad flag, size or variable (one line naming it); missing or corrupt snapshot"),
     (EXIT_THRESHOLD, "a threshold was not met (--require, --require-jobs; run: the plan fits no job)"),
     (EXIT_VERIFY_FAILED, "verification failed (verify: an OOM kill or a failed allocation)"),
+    (EXIT_INTERNAL, "agent: gave up after repeated internal errors in a row (tracebacks on stderr)"),
     (EXIT_SPOOLED, "agent --once: the report was spooled, to be delivered later"),
     (EXIT_NOT_FOUND, "run: the worker's command was not found or cannot be executed"),
     (EXIT_INTERRUPTED, "interrupted (SIGINT)"),

@@ -1,107 +1,187 @@
-"""A small command-line parser for oomguard's flat commands.
+"""Options several commands share, and the one way from parsed flags to a report.
 
-Not argparse: ``oomguard check`` has a start-up goal of 1.15x a bare interpreter,
-and ``import argparse`` (with ``re`` and ``gettext``) alone costs ~70% of that
-interpreter's start-up (measured in docs/architecture.md). Supports ``--name VALUE``,
-``--name=VALUE``, boolean flags, ``-h``/``--help``, ``--`` and positionals.
+Option values stay text here: each command parses sizes, durations and counts itself, so an
+error names the flag in oomguard's words (``--budget: invalid size 'lots'``). The groups:
+
+- ``add_budget``: ``--budget``, ``--margin`` (and ``--root`` where a snapshot makes sense);
+- ``add_gpu``: ``--no-gpu``, ``--gpu-timeout``;
+- ``add_shape``: the job shape of ``plan``, ``verify``, ``run`` and ``agent``.
+
+``probe_from(args)`` is the one "flags -> probe()" step; ``shape_from(args)`` the one
+"flags -> Shape" step.
 """
 
 from __future__ import annotations
 
+import argparse
+
 from oomguard.errors import UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
-class Option:
-    __slots__ = ("dest", "help", "metavar", "name", "short")
+    from oomguard._types import Report
+    from oomguard.policy.plan import Shape
 
-    def __init__(self, name: str, help: str, metavar: str | None = None, short: str | None = None) -> None:
-        self.name = name
-        self.dest = name.lstrip("-").replace("-", "_")
-        self.metavar = metavar  # None: a boolean flag
-        self.help = help
-        self.short = short
-
-
-class Command:
-    __slots__ = ("brief", "epilog", "max_positionals", "name", "options", "stop_at_positional", "summary", "usage")
-
-    def __init__(
-        self,
-        name: str,
-        summary: str,
-        usage: str,
-        options: list[Option],
-        *,
-        epilog: str = "",
-        max_positionals: int = 0,
-        stop_at_positional: bool = False,
-        brief: str = "",
-    ) -> None:
-        self.name = name
-        self.brief = brief or summary  # one line for 'oomguard --help'
-        self.summary = summary
-        self.usage = usage
-        self.options = options
-        self.epilog = epilog
-        self.max_positionals = max_positionals
-        self.stop_at_positional = stop_at_positional  # the rest is a command line (oomguard run)
-
-    def help(self) -> str:
-        lines = [f"usage: oomguard {self.name} {self.usage}".rstrip(), "", self.summary, "", "options:"]
-        for o in self.options:
-            flag = o.name + (f" {o.metavar}" if o.metavar else "")
-            if o.short:
-                flag = f"{o.short}, {flag}"
-            lines.append(f"  {flag:<26} {o.help}")
-        lines.append(f"  {'-h, --help':<26} show this help and exit")
-        if self.epilog:
-            lines += ["", self.epilog]
-        return "\n".join(lines) + "\n"
-
-    def parse(self, argv: list[str]) -> tuple[dict[str, str | bool | None], list[str]]:
-        """Values by dest (None when not given), and positionals. ``-h`` gives {"help": True}."""
-        by_name = {o.name: o for o in self.options}
-        by_name.update({o.short: o for o in self.options if o.short})
-        values: dict[str, str | bool | None] = {o.dest: None for o in self.options}
-        positionals: list[str] = []
-        i = 0
-        while i < len(argv):
-            arg = argv[i]
-            i += 1
-            if arg in ("-h", "--help"):
-                return {"help": True}, []
-            if arg == "--":
-                positionals.extend(argv[i:])
-                break
-            if not arg.startswith("-") or arg == "-":
-                if self.stop_at_positional:
-                    positionals.extend(argv[i - 1 :])
-                    break
-                positionals.append(arg)
-                continue
-            name, eq, inline = arg.partition("=")
-            opt = by_name.get(name)
-            if opt is None:
-                raise UsageError(f"{self.name}: unknown option {name} (see 'oomguard {self.name} --help')")
-            if opt.metavar is None:
-                if eq:
-                    raise UsageError(f"{self.name}: {name} takes no value")
-                values[opt.dest] = True
-                continue
-            if eq:
-                values[opt.dest] = inline
-            elif i < len(argv) and not (argv[i].startswith("-") and len(argv[i]) > 1):
-                values[opt.dest] = argv[i]
-                i += 1
-            else:
-                raise UsageError(f"{self.name}: {name} needs a value ({opt.metavar})")
-        if len(positionals) > self.max_positionals:
-            extra = positionals[self.max_positionals]
-            raise UsageError(f"{self.name}: unexpected argument {extra!r} (see 'oomguard {self.name} --help')")
-        return values, positionals
+BUDGET_HELP = "auto (default), SIZE (e.g. 300GiB) or PCT% of the basis; beats OOMGUARD_BUDGET"
+MARGIN_HELP = "safety margin under an auto budget: SIZE or PCT% (default min(10GiB, max(256MiB, 10%)))"
+ROOT_HELP = "probe a snapshot (directory or .tar.gz from 'oomguard capture') instead of the live system"
+SIZES = "Sizes: B, KiB/MiB/GiB/TiB (K/M/G/T are binary too), KB/MB/GB/TB (decimal)."
+DURATIONS = "Durations: 500ms, 30s, 5m, 1h or seconds."
+# Metavars whose value is a path: shell completion offers files (or directories) for them.
+FILE_METAVARS = frozenset({"FILE", "PATH", "FILE.tar.gz"})
+DIR_METAVARS = frozenset({"DIR"})
 
 
-def text(values: dict[str, str | bool | None], key: str) -> str | None:
-    """The value given to an option, or None when it was not given (or is a boolean flag)."""
-    v = values.get(key)
-    return v if isinstance(v, str) else None
+class OneOf:
+    """An option's ``type`` that accepts one of a few words; completion offers them."""
+
+    def __init__(self, choices: Sequence[str]) -> None:
+        self.choices = tuple(choices)
+        self.__name__ = "one of " + ", ".join(self.choices)  # argparse names a type by it
+
+    def __call__(self, text: str) -> str:
+        if text not in self.choices:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(self.choices)}, got {text!r}")
+        return text
+
+
+def option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    name: str,
+    help: str,
+    metavar: str | None = None,
+    **kw: object,
+) -> None:
+    """``--name METAVAR`` (text, None when absent) or, without *metavar*, a ``--name`` switch."""
+    help = help.replace("%", "%%")  # argparse formats help with %
+    if metavar is None:
+        parser.add_argument(name, action="store_true", help=help)
+    else:
+        parser.add_argument(name, metavar=metavar, help=help, **kw)  # type: ignore[arg-type]
+
+
+def add_json(parser: argparse.ArgumentParser, help: str = "print one JSON object") -> None:
+    option(parser, "--json", help)
+
+
+def add_budget(parser: argparse.ArgumentParser, *, budget_help: str = BUDGET_HELP, root: bool = True) -> None:
+    group = parser.add_argument_group("budget options")
+    option(group, "--budget", budget_help, "SPEC")
+    option(group, "--margin", MARGIN_HELP, "SPEC")
+    if root:
+        option(group, "--root", ROOT_HELP, "PATH")
+
+
+def add_gpu(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("GPU options")
+    option(group, "--no-gpu", "skip the GPU probe")
+    option(group, "--gpu-timeout", "seconds NVML and nvidia-smi may take (default 5)", "SECONDS")
+
+
+def add_shape(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("shape options")
+    option(
+        group,
+        "--profile",
+        "job shape from a profile (built in: see --list-profiles); flags override its fields",
+        "NAME",
+    )
+    option(group, "--profiles", "also load profiles from FILE (JSON, or TOML on Python >= 3.11)", "FILE")
+    option(group, "--per-job", "host RAM each job needs at its peak", "SIZE")
+    option(group, "--baseline", "resident memory shared by all jobs (caches, parameters)", "SIZE")
+    option(group, "--pinned-per-job", "page-locked host memory per job (checked against RLIMIT_MEMLOCK)", "SIZE")
+    option(group, "--pinned-baseline", "page-locked memory held once, outside the jobs", "SIZE")
+    option(group, "--gpu-per-job", "device memory per job on each visible GPU (needs GPU data)", "SIZE")
+    option(group, "--max-jobs", "never more than N jobs", "N")
+    option(group, "--cpus-per-job", "CPUs each job needs (no CPU constraint without it)", "N")
+
+
+def value(args: argparse.Namespace, name: str) -> str | None:
+    """The text given to option *name*, or None when it was not given (or the command has none)."""
+    given = getattr(args, name, None)
+    return given if isinstance(given, str) else None
+
+
+def parse_count(text: str, flag: str) -> int:
+    try:
+        n = int(text.strip())
+    except ValueError:
+        raise UsageError(f"{flag}: expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise UsageError(f"{flag}: must not be negative, got {text!r}")
+    return n
+
+
+def parse_number(text: str, flag: str) -> float:
+    try:
+        x = float(text.strip())
+    except ValueError:
+        raise UsageError(f"{flag}: expected a number, got {text!r}") from None
+    if not (x > 0 and x - x == 0.0):
+        raise UsageError(f"{flag}: must be a number above 0, got {text!r}")
+    return x
+
+
+def gpu_options(args: argparse.Namespace) -> tuple[bool, float]:
+    """(gpu, gpu_timeout) for ``probe()`` from --no-gpu / --gpu-timeout."""
+    timeout = 5.0
+    given = value(args, "gpu_timeout")
+    if given is not None:
+        from oomguard.units import parse_duration
+
+        timeout = parse_duration(given, "--gpu-timeout")
+    return not getattr(args, "no_gpu", False), timeout
+
+
+def probe_from(args: argparse.Namespace) -> Report:
+    """The report the flags ask for: ``--root``, ``--budget``, ``--margin``, ``--no-gpu``, ``--gpu-timeout``."""
+    from oomguard.policy.budget import probe
+
+    gpu, gpu_timeout = gpu_options(args)
+    return probe(
+        root=value(args, "root"),
+        budget=value(args, "budget"),
+        margin=value(args, "margin"),
+        gpu=gpu,
+        gpu_timeout=gpu_timeout,
+    )
+
+
+def _shape_fields(args: argparse.Namespace) -> dict[str, object]:
+    from oomguard.policy.profiles import load_profiles, profile_values
+    from oomguard.units import parse_size
+
+    fields: dict[str, object] = {}
+    name = value(args, "profile")
+    if name is not None:
+        profiles = load_profiles(value(args, "profiles"))
+        if name not in profiles:
+            raise UsageError(f"--profile: unknown profile {name!r} (known: {', '.join(sorted(profiles))})")
+        fields.update(profile_values(name, profiles[name]))
+        fields["profile"] = name
+    for key in ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job"):
+        given = value(args, key)
+        if given is not None:
+            fields[key] = parse_size(given, "--" + key.replace("_", "-"))
+    max_jobs, cpus = value(args, "max_jobs"), value(args, "cpus_per_job")
+    if max_jobs is not None:
+        fields["max_jobs"] = parse_count(max_jobs, "--max-jobs")
+    if cpus is not None:
+        fields["cpus_per_job"] = parse_number(cpus, "--cpus-per-job")
+    return fields
+
+
+def shape_from(args: argparse.Namespace, *, required: bool = True) -> Shape | None:
+    """A Shape from --profile and the shape flags (flags win); None when none given and not *required*."""
+    from oomguard.policy.plan import Shape
+
+    fields = _shape_fields(args)
+    if "per_job" not in fields:
+        if fields or required:
+            raise UsageError("plan: give --per-job SIZE or --profile NAME (see 'oomguard plan --help')")
+        return None
+    per_job = fields.pop("per_job")
+    assert isinstance(per_job, int)
+    return Shape(per_job, **fields)  # type: ignore[arg-type]

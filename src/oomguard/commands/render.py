@@ -1,9 +1,4 @@
-"""Print a report: one JSON object (``--json``) or an aligned text summary.
-
-JSON is written with the C string encoder of the standard library's ``_json``
-module when present, because ``import json`` pulls in ``re`` and costs more start-up
-time than the whole probe; the output is the same as ``json.dumps(..., indent=2)``.
-"""
+"""Print a report: one JSON object (``--json``) or an aligned text summary."""
 
 from __future__ import annotations
 
@@ -13,62 +8,26 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Report
 
-_PLAIN = frozenset(" !#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[]^_`abcdefghijklmnopqrstuvwxyz{|}~")
 
-
-def _quote(s: str) -> str:
-    """A JSON string literal, ASCII only, as json.dumps writes it."""
-    if _PLAIN.issuperset(s):  # the common case: no escaping needed
-        return '"' + s + '"'
-    try:
-        from _json import encode_basestring_ascii
-    except ImportError:  # pragma: no cover - other Python implementations
-        from json.encoder import encode_basestring_ascii
-    return str(encode_basestring_ascii(s))
-
-
-def _encode(obj: object, indent: str, out: list[str]) -> None:
-    if obj is None:
-        out.append("null")
-    elif obj is True:
-        out.append("true")
-    elif obj is False:
-        out.append("false")
-    elif isinstance(obj, str):
-        out.append(_quote(obj))
-    elif isinstance(obj, int):
-        out.append(int.__repr__(obj))
-    elif isinstance(obj, float):
-        out.append(float.__repr__(obj) if obj - obj == 0.0 else "null")  # NaN and inf: null
-    elif isinstance(obj, dict):
-        if not obj:
-            out.append("{}")
-            return
-        inner = indent + "  "
-        out.append("{")
-        for i, (k, v) in enumerate(obj.items()):
-            out.append(("," if i else "") + "\n" + inner + _quote(str(k)) + ": ")
-            _encode(v, inner, out)
-        out.append("\n" + indent + "}")
-    elif isinstance(obj, (list, tuple)):
-        if not obj:
-            out.append("[]")
-            return
-        inner = indent + "  "
-        out.append("[")
-        for i, v in enumerate(obj):
-            out.append(("," if i else "") + "\n" + inner)
-            _encode(v, inner, out)
-        out.append("\n" + indent + "]")
-    else:
-        raise TypeError(f"not JSON data: {type(obj).__name__}")
+def _finite(data: object) -> object:
+    """*data* with NaN and infinities as None: JSON has no literal for them."""
+    if isinstance(data, float) and data - data != 0.0:
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
 
 
 def to_json(data: object) -> str:
-    """JSON text of *data*, as ``json.dumps(data, indent=2)`` (non-finite floats become null)."""
-    out: list[str] = []
-    _encode(data, "", out)
-    return "".join(out)
+    """``json.dumps(data, indent=2)``; a non-finite float (never in a report) becomes null."""
+    import json  # here: the human report does not need it
+
+    try:
+        return json.dumps(data, indent=2, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(data), indent=2, allow_nan=False)
 
 
 def _row(label: str, value: str, note: str = "") -> str:

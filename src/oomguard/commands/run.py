@@ -1,56 +1,123 @@
-"""``oomguard run`` on the command line: flags to a RunConfig, then supervise."""
+"""``oomguard run``: flags to a RunConfig, then supervise the worker.
+
+Everything after ``--`` (or from the first word that is not an option) is the worker's command
+line, passed through untouched: ``oomguard run --restart never sh -c 'exit 3'``.
+"""
 
 from __future__ import annotations
 
-from oomguard.commands.flags import text
-from oomguard.commands.plan import Values, parse_count, parse_number, shape_from_flags
-from oomguard.errors import UsageError
-from oomguard.supervisor.events import EventLog
-from oomguard.supervisor.restart import RestartPolicy
-from oomguard.supervisor.supervise import RunConfig, Supervisor
-from oomguard.units import parse_duration
+import argparse
+
+from oomguard.commands import flags
+from oomguard.commands.agent import add_fleet_options
+from oomguard.errors import EXIT_NOT_FOUND, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard.supervisor.restart import RestartPolicy
+
+SUMMARY = (
+    "Supervise a worker: compute its budget (and concurrency) before each start, pass it in "
+    "OOMGUARD_BUDGET_BYTES / OOMGUARD_BUDGET / OOMGUARD_CONCURRENCY and the placeholders {budget_bytes}, "
+    "{budget}, {budget_gib}, {concurrency} in its arguments, tell OOM kills from other deaths, restart "
+    "with backoff and one less concurrency (or a larger margin) after an OOM kill."
+)
+EPILOG = (
+    f"Exit status: the worker's (128 + signal when it was killed); {EXIT_NOT_FOUND} when CMD cannot be run.\n"
+    + flags.DURATIONS
+    + "\n"
+    + flags.SIZES
+)
+ON_OOM = ("concurrency", "margin")
 
 
-def _duration(values: Values, key: str, default: float) -> float:
-    given = text(values, key)
-    return default if given is None else parse_duration(given, "--" + key.replace("_", "-"))
+def _restart_options(parser: argparse.ArgumentParser) -> None:
+    from oomguard.supervisor.restart import RESTART_MODES
 
-
-def run_command(values: Values, command: list[str]) -> int:
-    policy = RestartPolicy(
-        text(values, "restart") or "on-failure",
-        backoff_initial=_duration(values, "backoff_initial", 1.0),
-        backoff_max=_duration(values, "backoff_max", 300.0),
-        backoff_factor=parse_number(str(values["backoff_factor"]), "--backoff-factor")
-        if text(values, "backoff_factor")
-        else 2.0,
-        healthy_after=_duration(values, "healthy_after", 600.0),
-        max_restarts=parse_count(str(values["max_restarts"]), "--max-restarts")
-        if text(values, "max_restarts")
-        else None,
-        window=_duration(values, "restart_window", 600.0),
+    group = parser.add_argument_group("restart options")
+    flags.option(group, "--restart", "on-failure (default), always or never", "WHEN", type=flags.OneOf(RESTART_MODES))
+    flags.option(group, "--backoff-initial", "first restart delay (default 1s)", "DURATION")
+    flags.option(group, "--backoff-max", "longest restart delay (default 5m)", "DURATION")
+    flags.option(group, "--backoff-factor", "delay multiplier per consecutive restart (default 2)", "X")
+    flags.option(group, "--healthy-after", "uptime that resets the backoff (default 10m)", "DURATION")
+    flags.option(group, "--max-restarts", "give up after N restarts within --restart-window (default: no limit)", "N")
+    flags.option(group, "--restart-window", "window for --max-restarts (default 10m)", "DURATION")
+    flags.option(
+        group,
+        "--on-oom",
+        "after an OOM kill: concurrency (default with plan flags: one less job) or "
+        "margin (default otherwise: a larger safety margin)",
+        "WHAT",
+        type=flags.OneOf(ON_OOM),
     )
-    min_conc = (
-        parse_count(str(values["min_concurrency"]), "--min-concurrency") if text(values, "min_concurrency") else 1
+    flags.option(group, "--min-concurrency", "never fewer jobs than N after OOM kills (default 1)", "N")
+    flags.option(group, "--stop-timeout", "SIGKILL this long after forwarding a stop signal (default 30s)", "DURATION")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "%(prog)s [budget and plan options] [restart options] [--] CMD ARGS..."
+    parser.description = SUMMARY
+    parser.epilog = EPILOG
+    flags.add_budget(
+        parser, budget_help="auto (default), SIZE or PCT% of the basis; passed through unchanged", root=False
     )
+    flags.add_shape(parser)
+    _restart_options(parser)
+    flags.option(parser, "--isolate", "run the worker in its own memory cgroup limited to budget + margin")
+    flags.option(parser, "--events", "append events as JSON lines to FILE", "FILE")
+    add_fleet_options(parser, run=True)
+    parser.add_argument("worker", nargs=argparse.REMAINDER, metavar="CMD ARGS", help="the worker's command line")
+
+
+def _duration(args: argparse.Namespace, name: str, default: float) -> float:
+    from oomguard.units import parse_duration
+
+    given = flags.value(args, name)
+    return default if given is None else parse_duration(given, "--" + name.replace("_", "-"))
+
+
+def _policy(args: argparse.Namespace) -> RestartPolicy:
+    from oomguard.supervisor.restart import RestartPolicy
+
+    return RestartPolicy(
+        args.restart or "on-failure",
+        backoff_initial=_duration(args, "backoff_initial", 1.0),
+        backoff_max=_duration(args, "backoff_max", 300.0),
+        backoff_factor=flags.parse_number(args.backoff_factor, "--backoff-factor") if args.backoff_factor else 2.0,
+        healthy_after=_duration(args, "healthy_after", 600.0),
+        max_restarts=flags.parse_count(args.max_restarts, "--max-restarts") if args.max_restarts else None,
+        window=_duration(args, "restart_window", 600.0),
+    )
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The worker's command line: argparse keeps the ``--`` in front of a REMAINDER; drop that one."""
+    argv = list(args.worker)
+    return argv[1:] if argv[:1] == ["--"] else argv
+
+
+def execute(args: argparse.Namespace) -> int:
+    from oomguard.commands.agent import forwarder
+    from oomguard.supervisor.events import EventLog
+    from oomguard.supervisor.supervise import RunConfig, Supervisor
+
+    min_conc = flags.parse_count(args.min_concurrency, "--min-concurrency") if args.min_concurrency else 1
     config = RunConfig(
-        command,
-        budget=text(values, "budget"),
-        margin=text(values, "margin"),
-        shape=shape_from_flags(values, required=False),
-        policy=policy,
-        on_oom=text(values, "on_oom"),
+        worker_argv(args),
+        budget=args.budget,
+        margin=args.margin,
+        shape=flags.shape_from(args, required=False),
+        policy=_policy(args),
+        on_oom=args.on_oom,
         min_concurrency=max(1, min_conc),
-        stop_timeout=_duration(values, "stop_timeout", 30.0),
-        isolate=bool(values.get("isolate")),
+        stop_timeout=_duration(args, "stop_timeout", 30.0),
+        isolate=args.isolate,
     )
     try:
-        log = EventLog(text(values, "events"))
+        log = EventLog(args.events)
     except OSError as exc:
-        raise UsageError(f"--events: cannot open {values['events']}: {exc.strerror}") from None
-    from oomguard.commands.agent import forwarder
-
-    sink = forwarder(values)
+        raise UsageError(f"--events: cannot open {args.events}: {exc.strerror}") from None
+    sink = forwarder(args)
     if sink is not None:
         log.sinks.append(sink)
     try:

@@ -1,0 +1,44 @@
+"""``oomguard manager``: the options here, the server in ``oomguard.manager.cli`` (extra [manager]).
+
+A thin bridge: the manager package is imported only when this command runs, and a build without
+it (the worker zipapp) or without the extra's packages says which ``pip install`` brings it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from oomguard.commands import flags
+from oomguard.errors import UsageError
+
+SUMMARY = (
+    "Run the fleet manager (extra [manager]): agents POST reports and events; an API, Prometheus "
+    "metrics and a dashboard show every node. Migrates the database before it serves."
+)
+INSTALL_HINT = "pip install 'oomguard[manager]'"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.usage = (
+        "%(prog)s [--db URL] [--host HOST] [--port PORT] [--agent-token T] [--viewer-token T] [--retention 30d]"
+    )
+    parser.description = SUMMARY
+    parser.epilog = "Off loopback, both tokens are required. Tokens are compared in constant time.\n" + flags.DURATIONS
+    flags.option(parser, "--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL")
+    flags.option(parser, "--host", "address to listen on (default 127.0.0.1)", "HOST")
+    flags.option(parser, "--port", "port (default 8080)", "PORT")
+    flags.option(parser, "--agent-token", "bearer token agents write with (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
+    flags.option(parser, "--viewer-token", "bearer token readers use (or OOMGUARD_VIEWER_TOKEN)", "TOKEN")
+    flags.option(parser, "--retention", "history kept (default 30d; OOM events are kept for ever)", "DURATION")
+    flags.option(parser, "--interval", "the agents' report interval, for offline detection (default 30s)", "DURATION")
+    flags.option(parser, "--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE")
+
+
+def execute(args: argparse.Namespace) -> int:
+    try:
+        from oomguard.manager.cli import manager_command
+    except ModuleNotFoundError as exc:  # the worker zipapp ships without the manager
+        if not (exc.name or "").startswith("oomguard.manager"):
+            raise
+        raise UsageError(f"manager: not in this build (the worker zipapp): {INSTALL_HINT}") from None
+    return manager_command(args)

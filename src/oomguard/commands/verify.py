@@ -1,0 +1,49 @@
+"""``oomguard verify``: allocate the plan for real in child processes: delivered or not."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from oomguard.commands import flags
+from oomguard.errors import EXIT_OK, EXIT_VERIFY_FAILED, UsageError
+
+SUMMARY = (
+    "Prove the machine delivers the plan: allocate and touch baseline + jobs x per-job memory "
+    "(or the whole budget) in child processes, hold it, and report peak, fault-in speed and OOM kills."
+)
+USAGE = "%(prog)s [--json] [shape options] [budget options] [--fraction F] [--hold SECONDS]"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.usage = USAGE
+    parser.description = SUMMARY
+    parser.epilog = (
+        f"Exit {EXIT_OK} when the memory was delivered, {EXIT_VERIFY_FAILED} when not "
+        "(an OOM kill or a failed allocation).\n" + flags.SIZES
+    )
+    flags.add_json(parser)
+    flags.option(parser, "--fraction", "verify only this part of the target, 0 < F <= 1 (default 1)", "F")
+    flags.option(parser, "--hold", "seconds to hold the memory once touched (default 3)", "SECONDS")
+    flags.add_shape(parser)
+    flags.add_budget(parser)
+    flags.add_gpu(parser)
+
+
+def execute(args: argparse.Namespace) -> int:
+    from oomguard.verify.runner import format_verify, verify
+
+    fraction = flags.parse_number(args.fraction, "--fraction") if args.fraction else 1.0
+    if fraction > 1:
+        raise UsageError(f"--fraction: must be at most 1, got {args.fraction!r}")
+    hold = flags.parse_number(args.hold, "--hold") if args.hold else 3.0
+    shape = flags.shape_from(args, required=False)
+    report = flags.probe_from(args)
+    result = verify(report, shape, fraction=fraction, hold=hold)
+    if args.json:
+        from oomguard.commands.render import to_json
+
+        sys.stdout.write(to_json(result) + "\n")
+    else:
+        sys.stdout.write(format_verify(result))
+    return EXIT_OK if result["delivered"] else EXIT_VERIFY_FAILED
