@@ -4,6 +4,7 @@
 # - qemu-system-x86, linux-image-amd64, busybox-static and cpio: the real cgroup v2 kernel the
 #   VM suite boots (tests/vm/; cpio reads its initramfs back in a test). The -cloud- kernel has
 #   no 9p, so the generic one is needed.
+# - zsh: the zsh completion script is tested in a real zsh (tests/test_completion.py).
 # Needs root for apt-get; without it, says what is missing and leaves the tests to skip.
 set -euo pipefail
 need=()
@@ -15,6 +16,7 @@ ls /lib/modules/*/kernel/fs/9p/9p.ko* >/dev/null 2>&1 || need+=(linux-image-amd6
 # A static busybox: the initramfs's init runs it before any library is reachable.
 [ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" = "install ok installed" ] || need+=(busybox-static)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
+command -v zsh >/dev/null 2>&1 || need+=(zsh)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${need[*]}; run as root (or install them) to run every test" >&2

@@ -4,7 +4,7 @@ Public API (each name is loaded on first use, so ``oomguard check`` starts fast)
 
     import oomguard
     report = oomguard.probe()                   # live system; or probe(root="snap.tar.gz")
-    report["memory"]["effective_bytes"], report["policy.budget"]["bytes"]
+    report["memory"]["effective_bytes"], report["budget"]["bytes"]
 """
 
 from __future__ import annotations
