@@ -100,6 +100,18 @@ class ContainerSection(TypedDict):
     provider_hints: dict[str, str]
 
 
+class MigDeviceEntry(TypedDict):
+    index: int
+    uuid: str
+    name: str | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    memory_total_bytes: int
+    memory_used_bytes: int | None
+    memory_free_bytes: int | None
+    memory_reserved_bytes: int | None
+
+
 class GpuEntry(TypedDict):
     index: int
     uuid: str
@@ -110,6 +122,14 @@ class GpuEntry(TypedDict):
     memory_reserved_bytes: int | None
     pci_bus_id: str
     mig_mode: str | None
+    mig_devices: list[MigDeviceEntry] | None
+    parent_uuid: str | None
+
+
+class GpuVisibility(TypedDict):
+    nvidia_visible_devices: str | None
+    cuda_visible_devices: str | None
+    cuda_device_order: str | None
 
 
 class GpuDriverSection(TypedDict):
@@ -117,6 +137,7 @@ class GpuDriverSection(TypedDict):
     source: str | None
     driver_version: str | None
     cuda_version: str | None
+    visibility: GpuVisibility
 
 
 class BudgetSection(TypedDict):

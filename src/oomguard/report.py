@@ -45,6 +45,15 @@ WARNING_CODES: dict[str, str] = {
     "process lock (without CAP_IPC_LOCK): pinning will fail.",
     "pinned-counts-against-limit": "plan: the jobs pin host memory; page-locked memory is charged to the "
     "memory cgroup like any other, so it must be part of each job's --per-job size.",
+    "gpu-order-ambiguous": "CUDA_VISIBLE_DEVICES picks GPUs by index while CUDA_DEVICE_ORDER is not PCI_BUS_ID, "
+    "and the GPUs differ: CUDA's index may name another GPU than the driver's index in gpus.",
+    "cgroup-not-found": "The process's cgroup lies below the mounted cgroup tree's root, in a cgroup namespace "
+    "entered without mounting cgroupfs again, and no single group's cgroup.procs lists this process: "
+    "its limits are unknown (memory.effective_bytes is null).",
+    "budget-too-small": "The budget cannot work: it is 0, or (with a plan) below the baseline plus one job; "
+    "oomguard run does not start a worker with it.",
+    "oom-kills-seen": "The memory cgroup's oom_kill counter is above 0: processes in this group were "
+    "OOM-killed since it was made.",
 }
 
 MEMLOCK_LOW_BYTES = 64 * 1024 * 1024

@@ -104,6 +104,9 @@ def format_human(report: Report) -> str:
     lines.append("GPUs")
     if gd["status"] == "ok":
         lines.append(_row("visible", str(len(gpus)), f"via {gd['source']}, driver {gd['driver_version'] or '?'}"))
+        nv = gd["visibility"]["nvidia_visible_devices"]
+        if nv:
+            lines.append(_row("container GPUs", nv, "NVIDIA_VISIBLE_DEVICES, applied by the runtime"))
         lines.extend(
             _row(
                 f"  {g['index']}",

@@ -3,7 +3,8 @@
 report's GPU section, and a snapshot stores the answer as ``gpus.json``.
 
 Never raises: a failure is the ``error`` field of the answer
-``{"source", "driver_version", "cuda_version", "gpus", "error"}``.
+``{"source", "driver_version", "cuda_version", "gpus", "error"}``. Each GPU row carries the keys of
+``GpuEntry`` but ``parent_uuid``; ``mig_devices`` lists a MIG-mode GPU's instances (NVML only).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def parse_smi_csv(text: str, fields: tuple[str, ...] = SMI_FIELDS) -> tuple[list
                 "memory_reserved_bytes": _mib(row.get("memory.reserved", "")),
                 "pci_bus_id": row["pci.bus_id"],
                 "mig_mode": _mig(row["mig.mode.current"]),
+                # --query-gpu has no MIG device rows: unknown in MIG mode, none without it
+                "mig_devices": None if _mig(row["mig.mode.current"]) == "enabled" else [],
             }
         )
         driver = row["driver_version"] or driver
@@ -124,6 +127,74 @@ def _text(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _memory(nv: Any, h: Any) -> dict[str, int | None]:
+    """nvmlDeviceGetMemoryInfo: v2 (with ``reserved``) where the driver has it, else v1."""
+    try:
+        mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+        reserved: int | None = int(mem.reserved)
+    except Exception:
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        reserved = None
+    return {
+        "memory_total_bytes": int(mem.total),
+        "memory_used_bytes": int(mem.used),
+        "memory_free_bytes": int(mem.free),
+        "memory_reserved_bytes": reserved,
+    }
+
+
+def _optional(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception:
+        return None
+
+
+# MIG devices (NVML API Reference, docs.nvidia.com/deploy/nvml-api, "Multi Instance GPU Management"):
+# nvmlDeviceGetMaxMigDeviceCount is "the maximum number of MIG devices that can exist under a given
+# parent NVML device" (zero without MIG mode); nvmlDeviceGetMigDeviceHandleByIndex gives the handle in
+# one of those slots, and an empty slot answers an error (skipped here). A MIG device handle answers
+# the device queries "at a per-compute instance granularity"; nvmlDeviceGetMemoryInfo: "In MIG mode, if
+# device handle is provided, the API returns aggregate information, only if the caller has appropriate
+# privileges. Per-instance information can be queried by using specific MIG device handles."
+# Its UUID (nvmlDeviceGetUUID) is the ``MIG-...`` identifier that CUDA_VISIBLE_DEVICES takes.
+def _mig_devices(nv: Any, h: Any) -> list[dict[str, Any]] | None:
+    """The MIG devices of one GPU with their own memory; None when NVML cannot list them."""
+    try:
+        slots = int(nv.nvmlDeviceGetMaxMigDeviceCount(h))
+    except Exception:
+        return None
+    out: list[dict[str, Any]] = []
+    for j in range(slots):
+        try:
+            mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            entry: dict[str, Any] = {"index": j, "uuid": _text(nv.nvmlDeviceGetUUID(mh))}
+            entry.update(_memory(nv, mh))
+        except Exception:
+            continue  # an empty slot, or a MIG device destroyed meanwhile
+        name = _optional(nv.nvmlDeviceGetName, mh)
+        entry["name"] = None if name is None else _text(name)
+        entry["gpu_instance_id"] = _optional(nv.nvmlDeviceGetGpuInstanceId, mh)
+        entry["compute_instance_id"] = _optional(nv.nvmlDeviceGetComputeInstanceId, mh)
+        out.append(entry)
+    return out
+
+
+def _nvml_gpu(nv: Any, i: int) -> dict[str, Any]:
+    h = nv.nvmlDeviceGetHandleByIndex(i)
+    mig_on = _optional(nv.nvmlDeviceGetMigMode, h)
+    mig = None if mig_on is None else "enabled" if mig_on[0] else "disabled"
+    return {
+        "index": int(nv.nvmlDeviceGetIndex(h)),
+        "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+        "name": _text(nv.nvmlDeviceGetName(h)),
+        **_memory(nv, h),
+        "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId),
+        "mig_mode": mig,
+        "mig_devices": _mig_devices(nv, h) if mig == "enabled" else [],
+    }
+
+
 def query_nvml() -> dict[str, Any]:
     """Ask NVML (pynvml from nvidia-ml-py). Raises ImportError or the library's errors."""
     import pynvml  # type: ignore[import-not-found,unused-ignore]
@@ -137,36 +208,10 @@ def query_nvml() -> dict[str, Any]:
             "gpus": [],
             "error": None,
         }
-        try:
-            v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        v = _optional(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        if isinstance(v, int):
             out["cuda_version"] = f"{v // 1000}.{v % 1000 // 10}"
-        except Exception:
-            pass
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            try:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-                reserved = int(mem.reserved)
-            except Exception:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-                reserved = None
-            try:
-                mig = "enabled" if pynvml.nvmlDeviceGetMigMode(h)[0] else "disabled"
-            except Exception:
-                mig = None
-            out["gpus"].append(
-                {
-                    "index": int(pynvml.nvmlDeviceGetIndex(h)),
-                    "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
-                    "name": _text(pynvml.nvmlDeviceGetName(h)),
-                    "memory_total_bytes": int(mem.total),
-                    "memory_used_bytes": int(mem.used),
-                    "memory_free_bytes": int(mem.free),
-                    "memory_reserved_bytes": reserved,
-                    "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId),
-                    "mig_mode": mig,
-                }
-            )
+        out["gpus"] = [_nvml_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount())]
         return out
     finally:
         pynvml.nvmlShutdown()
