@@ -117,7 +117,9 @@ def test_require(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["check", "--budget", "lots"], "", "oomguard: error: --budget: invalid size 'lots'"),
         (["check", "--margin", "5X"], "", "oomguard: error: --margin: invalid size '5X'"),
-        (["check", "--require=-1"], "", "oomguard: error: --require: invalid size '-1'"),
+        (["check", "--require=-1"], "", "oomguard: error: --require: -1 is negative"),
+        (["check", "--budget", "-5GiB"], "", "oomguard: error: --budget: -5GiB is negative (a size is 0 or more)"),
+        (["check", "--margin=-1.5G"], "", "oomguard: error: --margin: -1.5G is negative"),
         (["check"], "OOMGUARD_BUDGET=much\0", "oomguard: error: OOMGUARD_BUDGET: invalid size 'much'"),
         (["check", "--bogus"], "", "oomguard: error: check: unknown option --bogus (see 'oomguard check --help')"),
         (["check", "--bogus=1"], "", "oomguard: error: check: unknown option --bogus (see"),
@@ -324,3 +326,32 @@ def run_oomguard_code(code: str):  # type: ignore[no-untyped-def]
         env=env,
         timeout=60,
     )
+
+
+def _can_drop_ipc_lock() -> str | None:
+    """Why the failing-mlock test cannot run here, or None (it needs prlimit and setpriv, util-linux)."""
+    import shutil
+
+    missing = [tool for tool in ("prlimit", "setpriv") if shutil.which(tool) is None]
+    return f"needs {' and '.join(missing)} (util-linux)" if missing else None
+
+
+def test_probe_mlock_result_is_printed_and_a_failure_warns() -> None:
+    """A real mlock of 64 MiB under a 1 MiB RLIMIT_MEMLOCK without CAP_IPC_LOCK fails: shown and warned."""
+    import subprocess
+
+    why = _can_drop_ipc_lock()
+    if why:
+        pytest.skip(why)
+    cmd = ["prlimit", "--memlock=1048576", "setpriv", "--bounding-set=-ipc_lock", "--", sys.executable, "-m"]
+    env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
+    human = subprocess.run(
+        [*cmd, "oomguard", "check", "--probe-mlock", "64MiB"], capture_output=True, text=True, env=env
+    )
+    assert human.returncode == 0, human.stderr
+    assert "  mlock probe      64 MiB         FAILED: Cannot allocate memory\n" in human.stdout
+    assert "pin-probe-failed: mlock of 64 MiB failed in the probe child: Cannot allocate memory" in human.stdout
+    ok = subprocess.run([*cmd, "oomguard", "check", "--probe-mlock", "512KiB", "--json"], capture_output=True, env=env)
+    report = json.loads(ok.stdout)
+    assert report["memlock"]["probe"]["ok"] is True and report["memlock"]["probe"]["bytes"] == 512 * 1024
+    assert "pin-probe-failed" not in [w["code"] for w in report["warnings"]]

@@ -37,9 +37,15 @@ def test_parse_size(text: str, want: int) -> None:
     assert parse_size(text) == want
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "-1G", "1.2.3G", "1X", "1 GiBs", "abc", ".", "1e9", "nan", "１G"])
+@pytest.mark.parametrize("text", ["", "GiB", "-G", "1.2.3G", "1X", "1 GiBs", "abc", ".", "1e9", "nan", "１G"])
 def test_parse_size_rejects_and_names_the_flag(text: str) -> None:
     with pytest.raises(UsageError, match=r"^--budget: invalid size"):
+        parse_size(text, "--budget")
+
+
+@pytest.mark.parametrize("text", ["-1G", "-5GiB", " -0.5 MiB", "-1"])
+def test_negative_size_says_negative(text: str) -> None:
+    with pytest.raises(UsageError, match=rf"^--budget: {text.strip()} is negative \(a size is 0 or more\)$"):
         parse_size(text, "--budget")
 
 

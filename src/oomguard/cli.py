@@ -18,7 +18,7 @@ from oomguard.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, OomguardError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 # name -> one line for 'oomguard --help'; the module is oomguard.commands.<name>.
 COMMANDS: dict[str, str] = {
@@ -108,7 +108,19 @@ def _plain(message: str, prog: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are ``UsageError`` (one line, exit 2), never a usage dump."""
+    """An ArgumentParser whose errors are ``UsageError`` (one line, exit 2), never a usage dump.
+
+    A value that starts with a minus and a digit (``--budget -5GiB``) is a value, not an option:
+    argparse only treats plain numbers (``-5``) so, and would otherwise say the flag "expected one
+    argument" instead of letting the size parser say the size is negative. ``_negative_number_matcher``
+    is argparse's own hook for this (CPython Lib/argparse.py, 3.10-3.13).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        import re  # argparse has imported it already
+
+        self._negative_number_matcher = re.compile(r"^-\d")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(_plain(message, self.prog))

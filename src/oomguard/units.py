@@ -45,6 +45,8 @@ def parse_size(text: str, what: str = "size") -> int:
     Raises ``UsageError`` naming *what* (a flag or variable) on anything else.
     """
     s = text.strip().replace("_", "")
+    if s.startswith("-") and s[1:2].isdigit():
+        raise UsageError(f"{what}: {text.strip()} is negative (a size is 0 or more)")
     i = 0
     while i < len(s) and s[i] in _NUMBER_CHARS:
         i += 1

@@ -12,6 +12,10 @@ import sys
 from oomguard.commands import flags
 from oomguard.errors import EXIT_OK, UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard._types import Report
+
 SUMMARY = (
     "Report the memory this process may really use (cgroup v1/v2 limits, MemTotal), "
     "memlock, CPUs, container and a safe budget."
@@ -46,6 +50,24 @@ def _pin_sizes(args: argparse.Namespace) -> dict[str, int]:
     return {kind: parse_size(text, names[kind]) for kind, text in asked.items() if text is not None}
 
 
+def _run_pin_probes(report: Report, pins: dict[str, int]) -> None:
+    """Lock each size for real in a child; a failure (not a skip) is warning ``pin-probe-failed``."""
+    from oomguard.report import add_warning
+    from oomguard.units import format_size
+    from oomguard.verify.pinprobe import run_pin_probe
+
+    for kind, nbytes in pins.items():
+        result = run_pin_probe(kind, nbytes)
+        report["memlock"]["probe" if kind == "mlock" else "pinned_probe"] = result
+        if not result.get("ok") and not result.get("skipped"):
+            what = "mlock" if kind == "mlock" else "cudaHostAlloc"
+            add_warning(
+                report["warnings"],
+                "pin-probe-failed",
+                f"{what} of {format_size(nbytes)} failed in the probe child: {result.get('error') or 'unknown error'}",
+            )
+
+
 def execute(args: argparse.Namespace) -> int:
     from oomguard.units import parse_size
 
@@ -53,10 +75,7 @@ def execute(args: argparse.Namespace) -> int:
     pins = _pin_sizes(args)
     report = flags.probe_from(args)
     if pins:
-        from oomguard.verify.pinprobe import run_pin_probe
-
-        for kind, nbytes in pins.items():
-            report["memlock"]["probe" if kind == "mlock" else "pinned_probe"] = run_pin_probe(kind, nbytes)
+        _run_pin_probes(report, pins)
     if args.json:
         from oomguard.commands.render import to_json
 

@@ -94,6 +94,9 @@ def format_human(report: Report) -> str:
     hard = "unlimited" if ml["known"] and ml["hard_bytes"] is None else format_size(ml["hard_bytes"])
     cap = {True: "yes", False: "no", None: "unknown"}[ml["cap_ipc_lock"]]
     lines.append(_row("soft / hard", f"{soft} / {hard}" if ml["known"] else "unknown", f"CAP_IPC_LOCK {cap}"))
+    for label, result in (("mlock probe", ml.get("probe")), ("pinned probe", ml.get("pinned_probe"))):
+        if result:
+            lines.append(_row(label, *_pin_result(result)))
     cpu, ct = report["cpu"], report["container"]
     lines.append("CPU")
     eff = cpu["effective_cpus"]
@@ -125,3 +128,14 @@ def format_human(report: Report) -> str:
     lines.append(f"Warnings ({len(report['warnings'])})")
     lines.extend(f"  {w['code']}: {w['message']}" for w in report["warnings"])
     return "\n".join(line for line in lines if line) + "\n"
+
+
+def _pin_result(result: dict[str, object]) -> tuple[str, str]:
+    """(size, outcome) of a --probe-mlock / --probe-pinned result for the text report."""
+    size = result.get("bytes")
+    shown = format_size(size) if isinstance(size, int) else "-"
+    if result.get("ok"):
+        return shown, "locked and released"
+    if result.get("skipped"):
+        return shown, f"skipped: {result['skipped']}"
+    return shown, f"FAILED: {result.get('error') or 'unknown error'}"
