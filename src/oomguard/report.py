@@ -54,6 +54,8 @@ WARNING_CODES: dict[str, str] = {
     "oomguard run does not start a worker with it.",
     "oom-kills-seen": "The memory cgroup's oom_kill counter is above 0: processes in this group were "
     "OOM-killed since it was made.",
+    "pin-probe-failed": "check --probe-mlock / --probe-pinned: the child could not page-lock the size asked "
+    "for (mlock or cudaHostAlloc failed): pinning that much will fail for the worker too.",
 }
 
 MEMLOCK_LOW_BYTES = 64 * 1024 * 1024
