@@ -1,20 +1,30 @@
 """Writes to a cgroup file system: the only place oomguard changes files under /sys/fs/cgroup.
 
 Reads go through a ``Root`` (``sources/root.py``); the few writes ``run --isolate`` needs
-(make a sub-group, set its limit, move a process into it, remove it) go through a ``CgroupFS``.
-Paths are absolute as on the system ("/sys/fs/cgroup/a/b"); *base* "/" is the live system, a
-directory is a fake tree for tests (the same tree a ``DirRoot`` reads). Errors are ``OSError``:
-the caller decides what a refused write means.
+(make a sub-group, set its limit, move a process into it, enable a controller for children,
+kill what is in a group, remove it) go through a ``CgroupFS``. Paths are absolute as on the
+system ("/sys/fs/cgroup/a/b"); *base* "/" is the live system, a directory is a fake tree for
+tests (the same tree a ``DirRoot`` reads). Errors are ``OSError``: the caller decides what a
+refused write means. ``drain`` (kill what is in a group, then remove it) reads the group through a
+``Root`` and writes through a ``CgroupFS``.
 
 Kernel interface (Documentation/admin-guide/cgroup-v2.rst, "Basic Operations"; cgroup-v1/cgroups.rst):
 a sub-group is created with mkdir(2) and removed with rmdir(2) once it has no processes; a
 process is moved by writing its PID to the destination's ``cgroup.procs``; a limit is set by
-writing a number to ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1).
+writing a number to ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1); v2 controllers are
+enabled for the children by writing "+memory" to ``cgroup.subtree_control``; writing "1" to a
+v2 group's ``cgroup.kill`` (Linux >= 5.14) SIGKILLs every process in it and below it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
+import time
+from collections.abc import Iterable
+
+from oomguard.sources.root import Failure, Root
 
 
 class CgroupFS:
@@ -43,3 +53,97 @@ class CgroupFS:
 
     def rmdir(self, path: str) -> None:
         os.rmdir(self._path(path))
+
+    def kill_pids(self, pids: Iterable[int]) -> int:
+        """SIGKILL each PID (v1 has no ``cgroup.kill``); how many were signalled.
+
+        A process already gone, or not ours to signal, is skipped: the caller reads the group
+        again to see what is left. PIDs are those of the caller's PID namespace.
+        """
+        sent = 0
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            sent += 1
+        return sent
+
+
+# -- clean-up: kill what is in a group, then remove it --------------------------------------------
+
+
+def group_pids(root: Root, path: str) -> list[int]:
+    """The PIDs in *path*'s ``cgroup.procs``, one a line (0: a process outside this PID namespace)."""
+    text = root.read(path + "/cgroup.procs")
+    return [] if isinstance(text, Failure) else [int(w) for w in text.split() if w.isascii() and w.isdigit()]
+
+
+def group_tree(root: Root, path: str) -> list[str]:
+    """*path* and every group below it, deepest first (a group is a directory with ``cgroup.procs``)."""
+    names = root.listdir(path)
+    below: list[str] = []
+    for name in [] if isinstance(names, Failure) else names:
+        sub = os.path.join(path, name)
+        if root.exists(sub + "/cgroup.procs"):
+            below += group_tree(root, sub)
+    return [*below, path]
+
+
+def _kill(root: Root, fs: CgroupFS, path: str, pids: list[int]) -> None:
+    """SIGKILL everything in *path*'s tree.
+
+    cgroup-v2.rst, ``cgroup.kill`` (Linux >= 5.14): "Writing "1" to the file causes the cgroup
+    and all descendant cgroups to be killed ... via SIGKILL", atomically against forks. Where it
+    is missing (v1, older kernels) each PID read from ``cgroup.procs`` gets SIGKILL, and the
+    caller reads again for processes forked meanwhile. This process itself is never signalled.
+    """
+    if os.getpid() not in pids and root.exists(path + "/cgroup.kill"):
+        try:
+            fs.write_text(path + "/cgroup.kill", "1")
+            return
+        except OSError:
+            pass
+    fs.kill_pids(p for p in pids if p > 0 and p != os.getpid())
+
+
+def _rmdir_tree(fs: CgroupFS, groups: list[str], deadline: float) -> str | None:
+    """rmdir each group, deepest first; EBUSY (processes still leaving) is retried until *deadline*."""
+    for group in groups:
+        while True:
+            try:
+                fs.rmdir(group)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                    return f"cannot remove {group}: {exc.strerror}"
+                time.sleep(0.01)
+    return None
+
+
+def drain(root: Root, fs: CgroupFS, path: str, timeout: float = 2.0, remove: bool = True) -> tuple[int, str | None]:
+    """Kill every process in *path*'s tree until none is left, then (with *remove*) remove the tree.
+
+    Returns (the number of processes found in it, None or why it stays). *timeout* 0 sends one
+    round of SIGKILL and does not wait.
+    """
+    deadline = time.monotonic() + timeout
+    found: int | None = None
+    while True:
+        groups = group_tree(root, path)
+        pids = [p for g in groups for p in group_pids(root, g)]
+        left = [p for p in pids if p != os.getpid()]
+        found = len(left) if found is None else found
+        if not left:
+            break
+        _kill(root, fs, path, pids)
+        if time.monotonic() >= deadline:
+            if remove:
+                return found, f"{len(left)} process(es) still in {path} after SIGKILL"
+            return found, None
+        time.sleep(0.01)
+    if os.getpid() in pids:  # the caller sits in the group: it stays, and waiting will not change that
+        deadline = time.monotonic()
+    return found, _rmdir_tree(fs, groups, deadline) if remove else None
