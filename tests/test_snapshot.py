@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from oomguard import capture, probe
 from oomguard.errors import UsageError
 from oomguard.sources.root import DirRoot, Failure, LiveRoot, TarRoot
+from oomguard.sources.snapshot import ENV_KEEP, ENV_NAME_ONLY_PREFIXES, keep_env
 from tests.conftest import FIXTURES, run_oomguard
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -103,3 +106,110 @@ def test_snapshot_environment_comes_from_the_tree_not_the_caller(tmp_path: Path)
     proc = run_oomguard("check", "--json", "--root", str(case), env=env)
     assert proc.returncode == 0, proc.stderr
     assert '"requested": "2GiB"' in proc.stdout
+
+
+# --- the environment: an allow-list (tokens never enter a snapshot) ------------------------------
+
+SECRETS = {
+    "OOMGUARD_AGENT_TOKEN": "agent-secret-0xA1",
+    "OOMGUARD_VIEWER_TOKEN": "viewer-secret-0xB2",
+    "OOMGUARD_DATABASE": "postgresql://u:db-secret-0xC3@host/db",
+    "VAST_API_KEY": "vast-secret-0xD4",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-0xE5",
+    "HF_TOKEN": "hf-secret-0xF6",
+}
+NEEDED = {
+    "OOMGUARD_BUDGET": "2GiB",
+    "container": "podman",
+    "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    "CONTAINER_ID": "12345",
+    "VAST_CONTAINERLABEL": "C.12345",
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "NVIDIA_VISIBLE_DEVICES": "all",
+}
+
+
+class ReadEnv(dict[str, str]):
+    """An environment that remembers which variables were read by name, and whether it was iterated."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(env)
+        self.read: set[str] = set()
+        self.iterated = False
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+    def __iter__(self) -> Iterator[str]:
+        self.iterated = True
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        self.iterated = True
+        return super().keys()
+
+    def items(self) -> Any:
+        self.iterated = True
+        return super().items()
+
+
+class EnvRoot(DirRoot):
+    """A fixture tree whose process environment is *env*."""
+
+    def __init__(self, base: str, env: dict[str, str]) -> None:
+        super().__init__(base)
+        self.env = env
+
+    def environ(self) -> dict[str, str]:
+        return self.env
+
+
+def _a_fixture() -> Path:
+    return next(p / "root" for p in sorted(FIXTURES.iterdir()) if (p / "root" / "proc").is_dir())
+
+
+def test_the_allow_list_is_exactly_what_the_probe_reads() -> None:
+    """A probe (budget included) over an environment that records reads: every variable read by
+    name is kept, and every kept one is read (no stale entry). Iteration is for the VAST_ prefix."""
+    env = ReadEnv({**NEEDED, **SECRETS, "VAST_TCP_PORT_22": "40022"})
+    probe(root=EnvRoot(str(_a_fixture()), env))
+    assert env.read == set(ENV_KEEP)
+    assert ENV_NAME_ONLY_PREFIXES == ("VAST_",)
+
+
+def test_tokens_never_enter_a_snapshot(tmp_path: Path) -> None:
+    env = {**NEEDED, **SECRETS, "VAST_TCP_PORT_22": "40022", "PATH": "/usr/bin", "HOME": "/root"}
+    snap = tmp_path / "node.tar.gz"
+    capture(str(snap), source=EnvRoot(str(_a_fixture()), env))
+    with tarfile.open(snap) as tar:
+        blobs = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    for secret in SECRETS.values():
+        leaks = [name for name, data in blobs.items() if secret.encode() in data]
+        assert leaks == [], f"{secret} leaked into {leaks}"
+    written = blobs["proc/self/environ"].decode()
+    assert written == "".join(
+        f"{k}={v}\0" for k, v in sorted({**NEEDED, "VAST_API_KEY": "", "VAST_TCP_PORT_22": ""}.items())
+    )
+    assert keep_env(env) == {**NEEDED, "VAST_API_KEY": "", "VAST_TCP_PORT_22": ""}
+
+
+def test_a_replay_computes_what_the_node_computed_from_the_kept_variables(tmp_path: Path) -> None:
+    env = {**NEEDED, **SECRETS}
+    root = EnvRoot(str(_a_fixture()), env)
+    snap = tmp_path / "node.tar.gz"
+    capture(str(snap), source=root)
+    live, replay = probe(root=EnvRoot(str(_a_fixture()), env), gpu=False), probe(root=str(snap), gpu=False)
+    for section in ("container", "budget"):
+        assert replay[section] == live[section], section
+    assert replay["gpu_driver"]["visibility"] == live["gpu_driver"]["visibility"]
+    assert replay["container"]["provider"] == "vast.ai" and replay["budget"]["requested"] == "2GiB"

@@ -14,19 +14,34 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad flag, bad size or variable, missing or corrupt snapshot
 EXIT_THRESHOLD = 3  # a --require style threshold was not met
 EXIT_VERIFY_FAILED = 4  # verify: the machine did not deliver the memory
+EXIT_REJECTED = 65  # EX_DATAERR (sysexits.h): the manager refused the report itself (422, 400, 413, ...)
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): the agent gave up after repeated internal errors
+EXIT_LOST = 74  # EX_IOERR (sysexits.h): the report could neither be spooled nor delivered
 EXIT_SPOOLED = 75  # EX_TEMPFAIL (sysexits.h): spooled, a later run delivers it
+EXIT_TOKEN_REFUSED = 77  # EX_NOPERM (sysexits.h): the manager refused the agent's token (401, 403)
+EXIT_WRONG_URL = 78  # EX_CONFIG (sysexits.h): no manager API at --manager (404, 405, a redirect)
 EXIT_NOT_FOUND = 127  # run: the worker's command cannot be started (as a shell says)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 # (code, meaning), every EXIT_* above once, in order: the help text and the README's table.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok (check exits 0 with warnings too: they are in the report)"),
-    (EXIT_USAGE, "usage or input error: bad flag, size or variable (one line naming it); missing or corrupt snapshot"),
+    (
+        EXIT_USAGE,
+        "usage or input error: bad flag, size or variable (one line naming it); missing or corrupt snapshot; "
+        "agent: a --spool directory that cannot be created, read or written",
+    ),
     (EXIT_THRESHOLD, "a threshold was not met (--require, --require-jobs; run: the plan fits no job)"),
     (EXIT_VERIFY_FAILED, "verification failed (verify: an OOM kill or a failed allocation)"),
+    (
+        EXIT_REJECTED,
+        "agent --once: the manager rejected the report (422 or another 4xx); it is in rejected/",
+    ),
     (EXIT_INTERNAL, "agent: gave up after repeated internal errors in a row (tracebacks on stderr)"),
+    (EXIT_LOST, "agent --once: the report is lost: it could not be spooled (disk full?) and not delivered"),
     (EXIT_SPOOLED, "agent --once: the report was spooled, to be delivered later"),
+    (EXIT_TOKEN_REFUSED, "agent --once: the manager refused the token (401/403); the report is in rejected/"),
+    (EXIT_WRONG_URL, "agent --once: wrong --manager URL (404, 405 or a redirect); the report is in rejected/"),
     (EXIT_NOT_FOUND, "run: the worker's command was not found or cannot be executed"),
     (EXIT_INTERRUPTED, "interrupted (SIGINT)"),
 )

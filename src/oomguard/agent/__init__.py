@@ -1,10 +1,13 @@
 """The worker side of the fleet manager: ``oomguard agent`` and ``oomguard run --manager``.
 
-- ``node``: node names (sanitized, defaults from the environment);
+- ``node``: the default node name (the rule itself is ``oomguard.nodes``, shared with the manager);
 - ``spool``: the durable on-disk queue every report and event passes through;
-- ``sender``: HTTP delivery to the manager, oldest first (network failures are values);
-- ``loop``: ``run_agent``, a report every interval or once; internal errors are logged with
-  their tracebacks and end the agent after ``MAX_INTERNAL_ERRORS`` in a row;
+- ``rejected``: where refused items go, and when a 5xx item is given up;
+- ``client``: one POST and what its answer means (network failures are values);
+- ``sender``: delivery oldest first, each item's fate, failure episodes logged once;
+- ``loop``: ``run_agent``, a report every interval or once (the exit code from the report's
+  fate); internal errors are logged with their tracebacks and end the agent after
+  ``MAX_INTERNAL_ERRORS`` in a row;
 - ``forwarder``: ``EventForwarder``, the supervisor's event sink for ``run --manager``.
 
 Standard library only. Imported by those two commands alone, so importing everything here

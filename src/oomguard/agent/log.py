@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Callable
 
 PREFIX = "oomguard agent: "
 
@@ -30,3 +31,32 @@ def stderr_traceback(exc: BaseException) -> None:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     sys.stderr.write("".join(PREFIX + line + "\n" for line in text.rstrip("\n").split("\n")))
     sys.stderr.flush()
+
+
+class Episode:
+    """One line when a kind of trouble starts or changes kind, none while it goes on (a retry
+    is no news), one when it ends: ``oomguard agent`` logs failure episodes, not attempts."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.kind: str | None = None
+        self.counts: dict[str, int] = {}
+
+    def trouble(self, kind: str, line: str) -> None:
+        """Log *line* unless trouble of this *kind* is already going on."""
+        if kind != self.kind:
+            self.kind = kind
+            self.log(line)
+
+    def count(self, what: str) -> None:
+        """Count something that happened during the episode (said when it ends)."""
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def end(self, line: str) -> None:
+        """Log *line* and what was counted, when trouble was going on."""
+        if self.kind is None:
+            return
+        extra = "".join(f", {n} {what}" for what, n in self.counts.items())
+        self.log(line + extra)
+        self.kind = None
+        self.counts = {}

@@ -1,7 +1,11 @@
 """The agent loop: a ``check`` report to the manager every interval, or once.
 
-Network and HTTP failures are not errors here: the report waits in the spool and the loop
-retries it with backoff inside the interval. An exception that escapes the report or the
+The loop says one start line (manager, node, interval, spool), then one line per failure
+episode (``sender``), not one per attempt. Network and HTTP failures are not errors here: the
+report waits in the spool and the loop retries it with backoff inside the interval; a refused
+item moves to ``rejected/`` and the queue goes on; a failing spool means reporting directly.
+``--once`` exits with the report's fate (``FATE_EXIT``): 0 only when it was delivered, 75 only
+when it waits in the spool. An exception that escapes the report or the
 wait (from the probe, or from the agent's own code) is an internal error, a bug: it is
 logged with its full traceback on stderr and the loop goes on. After
 ``MAX_INTERNAL_ERRORS`` internal errors with no report made in between, the agent gives up
@@ -19,10 +23,29 @@ from typing import Any, ParamSpec
 from oomguard.agent.log import one_line, stderr_log, stderr_traceback
 from oomguard.agent.sender import Sender
 from oomguard.agent.spool import open_spool
-from oomguard.errors import EXIT_OK, EXIT_SPOOLED, OomguardError, UsageError
+from oomguard.errors import (
+    EXIT_INTERNAL,
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_SPOOLED,
+    EXIT_TOKEN_REFUSED,
+    EXIT_WRONG_URL,
+    OomguardError,
+    UsageError,
+)
+from oomguard.nodes import sanitize_node_name
 
-# Proposed for errors.py's table (EX_SOFTWARE, sysexits.h); until it is there, defined here.
-EXIT_INTERNAL = 70
+# --once: the report's fate (sender.py) -> the exit code (errors.py's table)
+FATE_EXIT = {
+    "delivered": EXIT_OK,
+    "spooled": EXIT_SPOOLED,
+    "lost": EXIT_LOST,
+    "token": EXIT_TOKEN_REFUSED,
+    "url": EXIT_WRONG_URL,
+    "rejected": EXIT_REJECTED,
+    "gave-up": EXIT_REJECTED,
+}
 MAX_INTERNAL_ERRORS = 5  # internal errors with no report made in between: the agent exits EXIT_INTERNAL
 
 _P = ParamSpec("_P")
@@ -66,7 +89,7 @@ def _wait(sender: Sender, interval: float, spent: float, sleep: Callable[[float]
     remaining = interval - spent
     delay = 1.0
     while remaining > 0:
-        if not sender.spool.pending():
+        if not sender.pending():
             sleep(remaining)
             return
         step = min(delay, remaining)
@@ -123,18 +146,22 @@ def run_agent(
 ) -> int:
     """Report to the manager once or every *interval* seconds; returns the exit code.
 
-    *once*: ``EXIT_OK`` when the spool is empty afterwards, else ``EXIT_SPOOLED``; a failing
-    *make_report* raises; the report's ``interval_s`` is *interval* when > 0 (a cron period),
-    else null. Else every *interval* until *max_cycles* (None: for ever): ``EXIT_OK``, or
-    ``EXIT_INTERNAL`` after ``MAX_INTERNAL_ERRORS`` internal errors in a row (logged with
-    their tracebacks).
+    *node* is sanitized (``oomguard.nodes``; a changed name is said once). *once*: the
+    report's fate as ``FATE_EXIT`` says; a failing *make_report* raises; the report's
+    ``interval_s`` is *interval* when > 0 (a cron period), else null. Else every *interval*
+    until *max_cycles* (None: for ever): ``EXIT_OK``, or ``EXIT_INTERNAL`` after
+    ``MAX_INTERNAL_ERRORS`` internal errors in a row (logged with their tracebacks).
     ``UsageError`` naming the flag for a bad ``--manager``, ``--token``, ``--interval`` or ``--spool``.
     """
     if not once and not interval > 0:
         raise UsageError(f"--interval: the report interval must be > 0 seconds, got {interval:g}")
     emit = log if log is not None else stderr_log
     sender = Sender(manager, token, open_spool(spool_dir), log=emit)
+    clean = sanitize_node_name(node)
+    if clean != node:
+        emit(f"node name {node!r} is not one the manager accepts: using {clean!r}")
     if once:
-        delivered = sender.report(node, make_report(), interval if interval > 0 else None)
-        return EXIT_OK if delivered else EXIT_SPOOLED
-    return _loop(sender, node=node, interval=interval, make_report=make_report, sleep=sleep, max_cycles=max_cycles)
+        fate = sender.report(clean, make_report(), interval if interval > 0 else None)
+        return FATE_EXIT[fate]
+    emit(f"reporting to {sender.manager} as node {clean} every {interval:g}s (spool {spool_dir})")
+    return _loop(sender, node=clean, interval=interval, make_report=make_report, sleep=sleep, max_cycles=max_cycles)

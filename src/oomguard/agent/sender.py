@@ -1,141 +1,35 @@
-"""The sender: delivers spooled reports and events to the fleet manager over HTTP.
+"""The sender: delivers spooled reports and events to the fleet manager, oldest first.
 
-The manager's contract::
+Every item is spooled first (nothing is lost if the agent dies mid-request), then the spool is
+flushed in order. What each answer means is ``client.Outcome``; an item the manager refuses
+(any 4xx but 408/429) or keeps failing with 5xx for too long moves to ``rejected/``
+(``agent/rejected.py``) and the queue goes on, so one item never blocks the others. When the
+spool itself fails (disk full, unreadable, removed), items are sent directly: only one the
+manager does not take at once is lost, and said to be.
 
-    POST {manager}/api/v1/reports  {"node", "id", "report", "interval_s", "time"}
-    POST {manager}/api/v1/events   {"node", "id", "event"}
-    Authorization: Bearer TOKEN
-
-2xx: stored (a duplicate ``id`` is stored once, so resending is always safe); 4xx other
-than 401, 403, 408 and 429: never accepted (the item moves to ``rejected/`` for a human, the
-queue goes on); 5xx, 401, 403, 408, 429, 3xx, network errors and timeouts: try again later,
-in order. Network failures are values (``"retry:<why>"``), never exceptions.
-
-Standard library only: the agent runs on every node.
+Each item ends with a *fate*: ``delivered``, ``spooled`` (waits for a later attempt), ``lost``
+(neither spooled nor delivered), ``token``/``url``/``rejected`` (refused: 401/403, 404/405/3xx,
+another 4xx) or ``gave-up`` (5xx for too long). ``--once`` turns the report's fate into its
+exit code. The log says each failure episode once, not each attempt (``log.Episode``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
 import os
-import socket
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from oomguard._version import __version__
-from oomguard.agent.log import one_line, stderr_log
-from oomguard.agent.spool import Spool, parse_name
-from oomguard.errors import UsageError
+from oomguard.agent.client import Client, Outcome
+from oomguard.agent.log import Episode, one_line, stderr_log
+from oomguard.agent.rejected import give_up
+from oomguard.agent.spool import Spool, SpoolError, parse_name
 from oomguard.times import iso_now
 
-_ENDPOINTS = {"report": "reports", "event": "events"}
-# 4xx answers that mean "not now" rather than "never".
-_RETRY_4XX = frozenset({401, 403, 408, 429})  # a wrong token is fixed by an operator: keep the data
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirected POST would be replayed as a GET without its body and could look like a
-    success: turn every 3xx into an ``HTTPError`` instead."""
-
-    def redirect_request(  # noqa: PLR0917 (the base class's signature)
-        self,
-        req: urllib.request.Request,
-        fp: Any,
-        code: int,
-        msg: str,
-        headers: Any,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        return None
-
-
-def check_manager(manager: str) -> str:
-    """The manager's base URL without trailing slashes; ``UsageError`` naming ``--manager``
-    unless it is an http(s) URL with a host and no query or fragment."""
-    base = manager.strip().rstrip("/")
-    try:
-        parts = urllib.parse.urlsplit(base)
-        _ = parts.port  # raises ValueError for a port that is not a number
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--manager: the URL must be http://HOST[:PORT][/PATH] or https://..., got {manager!r}")
-    if parts.query or parts.fragment:
-        raise UsageError(f"--manager: the URL must not have a query or fragment, got {manager!r}")
-    return base
-
-
-def check_token(token: str) -> str:
-    """*token* without surrounding white space; ``UsageError`` naming ``--token`` when it holds
-    spaces or control characters (it could not travel in a header)."""
-    token = token.strip()
-    if any(c.isspace() or not c.isprintable() for c in token):
-        raise UsageError("--token (or OOMGUARD_AGENT_TOKEN): must not contain spaces or control characters")
-    return token
-
-
-def _network_why(err: BaseException) -> str:
-    if isinstance(err, urllib.error.URLError) and isinstance(err.reason, BaseException):
-        err = err.reason
-    if isinstance(err, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(err, http.client.RemoteDisconnected):
-        return "connection closed without an answer"
-    if isinstance(err, ConnectionResetError):
-        return "connection reset"
-    if isinstance(err, TimeoutError):
-        return "timed out"
-    if isinstance(err, socket.gaierror):
-        return f"cannot resolve host ({err.strerror or err})"
-    if isinstance(err, urllib.error.URLError):
-        return one_line(f"{err.reason}", 160)
-    return one_line(f"{type(err).__name__}: {err}", 160)
-
-
-def _error_detail(err: urllib.error.HTTPError) -> str:
-    """A short reason from the error body (``{"error": ...}``/``{"detail": ...}`` or text)."""
-    try:
-        data = err.read(65536)
-    except Exception:  # the body of an error answer is a courtesy: its loss is not a failure
-        data = b""
-    finally:
-        with contextlib.suppress(Exception):
-            err.close()
-    if not data:
-        return ""
-    text = data.decode("utf-8", "replace")
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        for key in ("error", "detail", "message"):
-            if isinstance(parsed.get(key), str):
-                return one_line(parsed[key], 120)
-        return one_line(text, 120)
-    if text.lstrip().startswith("<"):  # an HTML error page says nothing useful on one line
-        return ""
-    return one_line(text, 120)
-
-
-def _http_outcome(e: urllib.error.HTTPError) -> str:
-    """``"rejected:<status> <reason>"`` or ``"retry:<why>"`` for an error answer."""
-    code = e.code
-    detail = _error_detail(e)
-    reason = f"{code} {e.reason}" + (f": {detail}" if detail else "")
-    if 400 <= code < 500 and code not in _RETRY_4XX:
-        return f"rejected:{reason}"
-    if 300 <= code < 400:
-        where = e.headers.get("Location", "?") if e.headers is not None else "?"
-        return f"retry:{code} {e.reason} (redirect to {one_line(where, 100)}: check the manager URL)"
-    return f"retry:{reason}"
+REFUSED = ("token", "url", "rejected")
 
 
 class Sender:
@@ -151,89 +45,97 @@ class Sender:
         timeout: float = 10.0,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        self.manager = check_manager(manager)
-        self.token = check_token(token)
+        self.client = Client(manager, token, timeout=timeout)
+        self.manager = self.client.manager
         self.spool = spool
-        self.timeout = timeout
         self.log: Callable[[str], None] = log if log is not None else stderr_log
-        self._opener = urllib.request.build_opener(_NoRedirect())
+        self.trouble = Episode(self.log)  # the manager's answers
+        self.spool_trouble = Episode(self.log)  # the spool directory
         self._flush_lock = threading.Lock()
-        self._failing: str | None = None  # the last retry reason, logged once until it changes
+        self._stuck: set[str] = set()  # items that could not be removed or moved: skipped from now on
 
-    def _url(self, kind: str) -> str:
-        if kind not in _ENDPOINTS:
-            raise ValueError(f"unknown item kind {kind!r} (expected report or event)")
-        return f"{self.manager}/api/v1/{_ENDPOINTS[kind]}"
+    def post(self, kind: str, body: dict[str, Any]) -> Outcome:
+        """One POST, no spool (``Client.post``)."""
+        return self.client.post(kind, body)
 
-    def _request(self, kind: str, body: dict[str, Any]) -> urllib.request.Request:
-        headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "User-Agent": f"oomguard-agent/{__version__}",
-        }
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        data = json.dumps(body, separators=(",", ":")).encode("utf-8")
-        return urllib.request.Request(self._url(kind), data=data, method="POST", headers=headers)
-
-    def post(self, kind: str, body: dict[str, Any]) -> str:
-        """One POST: ``"ok"``, ``"rejected:<status> <reason>"`` or ``"retry:<why>"``. Network
-        errors never raise."""
-        req = self._request(kind, body)
+    def pending(self) -> bool:
+        """True when items wait in the spool (False when it cannot be read: nothing to retry)."""
         try:
-            # the status line said stored; the rest of the answer does not matter
-            with (
-                self._opener.open(req, timeout=self.timeout) as resp,
-                contextlib.suppress(OSError, http.client.HTTPException),
-            ):
-                resp.read(1 << 20)
-            return "ok"
-        except urllib.error.HTTPError as e:
-            return _http_outcome(e)
-        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
-            return f"retry:{_network_why(e)}"
+            return any(p not in self._stuck for p in self.spool.pending())
+        except SpoolError:
+            return False
 
-    def send(self, kind: str, body: dict[str, Any]) -> bool:
-        """Spool *body* first (nothing is lost if we die mid-request), then flush; True when
-        the spool is empty afterwards. When the spool cannot be written (disk full), the item
-        is posted directly instead and only a failed post loses it (logged)."""
+    # --- one item, spooled first ------------------------------------------------------------
+
+    def send(self, kind: str, body: dict[str, Any]) -> str:
+        """Spool *body*, then flush; *body*'s fate (see the module doc)."""
         try:
-            self.spool.put(kind, body)
-        except OSError as e:
-            self.log(f"cannot spool the {kind} ({one_line(str(e), 120)}); sending it directly")
-            result = self.post(kind, body)
-            if result != "ok":
-                self.log(f"{kind} {body.get('id', '?')} lost: {result}")
-                return False
-        return self.flush()
+            path = self.spool.put(kind, body)
+        except SpoolError as e:
+            self.spool_trouble.trouble("spool", f"{e}; sending directly (what the manager does not take is lost)")
+            self.flush()  # older items first, if they can still be read
+            return self._send_direct(kind, body)
+        self.spool_trouble.end(f"the spool {self.spool.directory} works again")
+        fates = self._flush()[1]
+        if path in fates:
+            return fates[path]
+        if _may_exist(path):
+            return "spooled"
+        moved = os.path.join(self.spool.rejected_dir, os.path.basename(path))
+        return "rejected" if _may_exist(moved) else "delivered"  # by a concurrent flush
+
+    def _send_direct(self, kind: str, body: dict[str, Any]) -> str:
+        outcome = self.post(kind, body)
+        what = f"{kind} {body.get('id', '?')}"
+        if outcome.delivered:
+            self._delivered_again(1, "item(s) sent directly")
+            return "delivered"
+        if outcome.later:
+            self.trouble.trouble("unreachable", f"manager not reachable ({outcome.why}); the {what} is lost")
+            self.trouble.count("item(s) lost (spool not writable)")
+            return "lost"
+        self._refused(outcome, what, None)
+        return outcome.kind
+
+    def report(self, node: str, report: dict[str, Any], interval_s: float | None) -> str:
+        """Send a ``check`` report; its fate."""
+        body = {"node": node, "id": uuid.uuid4().hex, "report": report, "interval_s": interval_s, "time": iso_now()}
+        return self.send("report", body)
+
+    def event(self, node: str, event: dict[str, Any]) -> str:
+        """Send a supervisor event; its fate."""
+        return self.send("event", {"node": node, "id": uuid.uuid4().hex, "event": event})
+
+    # --- the queue ----------------------------------------------------------------------------
 
     def flush(self) -> bool:
-        """Send spooled items oldest first until the spool is empty (True) or the manager
-        asks to try later (False, order kept). Rejected items move to ``rejected/``."""
-        with self._flush_lock:
-            delivered = 0
-            seen: set[str] = set()
-            while paths := self.spool.pending():
-                for path in paths:
-                    if path in seen:  # could not be removed: do not loop on it
-                        return False
-                    seen.add(path)
-                    outcome = self._deliver(path)
-                    if outcome.startswith("retry:"):
-                        self._note_failing(outcome[len("retry:") :])
-                        return False
-                    delivered += outcome == "ok"
-            if self._failing is not None:
-                self._failing = None
-                self.log(f"manager reachable again; delivered {delivered} spooled item(s)")
-            return True
+        """Send spooled items oldest first until the spool is empty (True) or the manager asks
+        to try later (False, order kept). Refused items move to ``rejected/``."""
+        return self._flush()[0]
 
-    def _note_failing(self, why: str) -> None:
-        """Log a retry reason once, until it changes or the manager is reachable again."""
-        if why != self._failing:
-            self._failing = why
-            n = len(self.spool.pending())
-            self.log(f"manager not reachable ({why}); {n} item(s) spooled in {self.spool.directory}")
+    def _flush(self) -> tuple[bool, dict[str, str]]:
+        fates: dict[str, str] = {}
+        with self._flush_lock:
+            while True:
+                try:
+                    paths = [p for p in self.spool.pending() if p not in self._stuck and p not in fates]
+                except SpoolError as e:
+                    self.spool_trouble.trouble("spool", f"{e}; spooled items wait until it can be read")
+                    return False, fates
+                if not paths:
+                    break
+                for path in paths:
+                    fates[path] = self._deliver(path)
+                    if fates[path] == "spooled":
+                        return False, fates
+            delivered = sum(f == "delivered" for f in fates.values())
+            if delivered:
+                self._delivered_again(delivered)
+            return True, fates
+
+    def _delivered_again(self, delivered: int, what: str = "spooled item(s)") -> None:
+        line = "manager reachable again" if self.trouble.kind == "unreachable" else "manager accepts items again"
+        self.trouble.end(f"{line}; delivered {delivered} {what}")
 
     def _deliver(self, path: str) -> str:
         parsed = parse_name(os.path.basename(path))
@@ -242,32 +144,95 @@ class Sender:
             with open(path, "rb") as f:
                 body = json.loads(f.read().decode("utf-8"))
         except FileNotFoundError:  # delivered by another process meanwhile
-            return "ok"
+            return "delivered"
         except (OSError, ValueError) as e:
-            body = None
-            bad = f"unreadable spool file: {one_line(str(e), 120)}"
+            body, bad = None, f"unreadable spool file: {one_line(str(e), 120)}"
         else:
             bad = "spool file is not a JSON object"
         if not isinstance(body, dict):
-            self._reject(path, bad)
+            self._move(path, {"reason": "unreadable", "status": None, "why": bad, "answer": ""})
+            self.log(f"{os.path.basename(path)} will not be sent ({bad}); kept in {self.spool.rejected_dir}")
             return "rejected"
         outcome = self.post(kind, body)
-        if outcome == "ok":
+        if outcome.delivered:
+            self._done(path)
+            return "delivered"
+        if outcome.kind == "server":
+            return self._server_error(path, outcome)
+        if outcome.later:
+            self._wait_trouble(outcome)
+            return "spooled"
+        self._refused(outcome, f"{kind} {os.path.basename(path)}", path)
+        return outcome.kind
+
+    def _server_error(self, path: str, outcome: Outcome) -> str:
+        """Count a 5xx; give the item up (``rejected.give_up``) or keep it for later."""
+        now = time.time()
+        answers, first = self.spool.note_server_error(path, now)
+        if not give_up(answers, first, now):
+            self._wait_trouble(outcome)
+            return "spooled"
+        hours = (now - first) / 3600
+        why = f"{answers} answers 5xx over {hours:.1f} h, the last {outcome.why}"
+        where = self._move(path, _reason("gave-up", outcome, why, answers))
+        self.log(f"gave up on {os.path.basename(path)} ({why}); kept in {where}")
+        return "gave-up"
+
+    def _wait_trouble(self, outcome: Outcome) -> None:
+        what = "not reachable" if outcome.status is None else "busy or failing"
+        n = sum(1 for _ in self._safe_pending())
+        where = self.spool.directory
+        self.trouble.trouble("unreachable", f"manager {what} ({outcome.why}); {n} item(s) spooled in {where}")
+
+    def _safe_pending(self) -> list[str]:
+        try:
+            return self.spool.pending()
+        except SpoolError:
+            return []
+
+    def _refused(self, outcome: Outcome, what: str, path: str | None) -> None:
+        """Log a refusal (once per episode) and move the item, when spooled, to ``rejected/``."""
+        if path is not None:
+            where = self._move(path, _reason(outcome.kind, outcome, outcome.why, 1))
+            self.trouble.count("item(s) moved to rejected/")
+            kept = f"refused items are kept in {where}"
+        else:
+            self.trouble.count("item(s) refused and not kept (spool not writable)")
+            kept = f"the {what} is not kept (the spool cannot be written)"
+        if outcome.kind == "token":
+            line = f"token refused by the manager ({outcome.why}): check --token or OOMGUARD_AGENT_TOKEN"
+        elif outcome.kind == "url":
+            line = f"wrong manager URL: {self.client.manager} answered {outcome.why}: check --manager"
+        else:
+            line = f"manager rejected the {what} ({outcome.why})"
+        self.trouble.trouble(outcome.kind, f"{line}; {kept}")
+
+    def _move(self, path: str, reason: dict[str, Any]) -> str:
+        try:
+            return os.path.dirname(self.spool.reject(path, {**reason, "rejected_at": iso_now()}))
+        except SpoolError as e:
+            self._stuck.add(path)
+            self.spool_trouble.trouble("spool", f"{e}; it stays in the spool and is skipped")
+            return self.spool.directory
+
+    def _done(self, path: str) -> None:
+        try:
             self.spool.done(path)
-        elif outcome.startswith("rejected:"):
-            self._reject(path, f"manager rejected it: {outcome[len('rejected:') :]}")
-        return outcome
+        except SpoolError as e:
+            self._stuck.add(path)  # delivered: sending it again would be harmless, but never ends
+            self.spool_trouble.trouble("spool", f"{e}; delivered, skipped from now on")
 
-    def _reject(self, path: str, why: str) -> None:
-        self.spool.reject(path, why)
-        where = os.path.join(self.spool.rejected_dir, os.path.basename(path))
-        self.log(f"{os.path.basename(path)} will not be sent ({one_line(why, 160)}); kept in {where}")
 
-    def report(self, node: str, report: dict[str, Any], interval_s: float | None) -> bool:
-        """Send a ``check`` report; True when nothing is left in the spool."""
-        body = {"node": node, "id": uuid.uuid4().hex, "report": report, "interval_s": interval_s, "time": iso_now()}
-        return self.send("report", body)
+def _may_exist(path: str) -> bool:
+    """False only when *path* is known to be gone (a spool that cannot be read keeps its items)."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
 
-    def event(self, node: str, event: dict[str, Any]) -> bool:
-        """Send a supervisor event; True when nothing is left in the spool."""
-        return self.send("event", {"node": node, "id": uuid.uuid4().hex, "event": event})
+
+def _reason(kind: str, outcome: Outcome, why: str, answers: int) -> dict[str, Any]:
+    return {"reason": kind, "status": outcome.status, "why": why, "answer": outcome.body, "answers": answers}

@@ -3,8 +3,12 @@
 Nothing is lost when the manager is down: every report and event is written here first
 (temp file, fsync, rename, fsync of the directory), then sent and removed. One JSON file per
 item, named ``<seq:012d>-<kind>.json``; *seq* gives the send order, across processes too
-(``run --manager`` and ``agent`` may share a spool). Items the manager will never accept move
-to ``rejected/`` with a ``.why`` beside them, for a human.
+(``run --manager`` and ``agent`` may share a spool). Items the manager will never accept, and
+items it keeps answering with 5xx for too long, move to ``rejected/`` (``agent/rejected.py``).
+
+Faults of the directory itself (unreadable, removed, a file in its place, disk full) are
+``SpoolError`` values for the sender, which then reports directly; at start ``open_spool``
+turns them into a ``UsageError`` naming ``--spool``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from oomguard.agent.log import one_line
+from oomguard.agent.rejected import move_to_rejected, read_retry, write_retry
 from oomguard.errors import UsageError
 
 KINDS = ("report", "event")
@@ -25,6 +29,17 @@ _SEQ_DIGITS = 12
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0
 _REJECTED = "rejected"
+_RETRY_SUFFIX = ".retry"
+
+
+class SpoolError(Exception):
+    """The spool directory cannot be read or written; the message is one line naming it."""
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return "not a directory"
+    return exc.strerror or str(exc)
 
 
 def default_spool_dir(env: dict[str, str]) -> str:
@@ -42,14 +57,14 @@ def default_spool_dir(env: dict[str, str]) -> str:
 
 def open_spool(directory: str) -> Spool:
     """The spool in *directory* (created when missing); ``UsageError`` naming ``--spool`` when
-    it cannot be created or written to."""
+    it cannot be created, read or written."""
     try:
         spool = Spool(directory)
+        os.listdir(directory)
     except OSError as exc:
-        why = "not a directory" if isinstance(exc, FileExistsError) else (exc.strerror or str(exc))
-        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory ({why})") from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory (not writable)")
+        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory ({_why(exc)})") from None
+    if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):
+        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory (permission denied)")
     return spool
 
 
@@ -94,23 +109,24 @@ class Spool:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self._lock = threading.Lock()
         self._last_seq = 0
-        self._remove_stale_temps()
+        self._retries: dict[str, tuple[int, float]] = {}  # when <name>.retry cannot be written
+        self._remove_strays()
 
-    def _remove_stale_temps(self) -> None:
-        """Temp files left by a crash mid-``put`` (never renamed: never part of the spool)."""
+    def _remove_strays(self) -> None:
+        """Temp files left by a crash mid-``put`` (never renamed: never part of the spool), and
+        ``.retry`` counters whose item is gone."""
         now = time.time()
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return
-        for name in names:
-            if name.startswith(_TMP_PREFIX):
+        with contextlib.suppress(OSError):
+            names = set(os.listdir(self.directory))
+            for name in names:
                 path = os.path.join(self.directory, name)
-                try:
-                    if now - os.stat(path).st_mtime > _STALE_TMP_S:  # younger: maybe another process's
+                if name.startswith(_TMP_PREFIX):
+                    with contextlib.suppress(OSError):
+                        if now - os.stat(path).st_mtime > _STALE_TMP_S:  # younger: maybe another process's
+                            os.unlink(path)
+                elif name.endswith(_RETRY_SUFFIX) and name[: -len(_RETRY_SUFFIX)] not in names:
+                    with contextlib.suppress(OSError):
                         os.unlink(path)
-                except OSError:
-                    pass
 
     def _max_seq(self) -> int:
         top = 0
@@ -127,10 +143,22 @@ class Spool:
 
     def put(self, kind: str, body: dict[str, Any]) -> str:
         """Store *body* durably; returns its path. Raises ``ValueError`` for an unknown *kind*,
-        ``TypeError``/``ValueError`` for a body JSON cannot encode, ``OSError`` when the disk fails."""
+        ``TypeError``/``ValueError`` for a body JSON cannot encode, ``SpoolError`` when the
+        directory cannot take it (disk full, removed, unwritable). A removed directory is
+        created again."""
         if kind not in KINDS:
             raise ValueError(f"unknown spool item kind {kind!r} (expected report or event)")
         data = json.dumps(body, separators=(",", ":")).encode("utf-8")
+        try:
+            try:
+                return self._put(kind, data)
+            except FileNotFoundError:  # the directory was removed under us (a tmp cleaner)
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                return self._put(kind, data)
+        except OSError as exc:
+            raise SpoolError(f"cannot write to the spool {self.directory} ({_why(exc)})") from None
+
+    def _put(self, kind: str, data: bytes) -> str:
         tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{uuid.uuid4().hex}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -175,11 +203,14 @@ class Spool:
         return True
 
     def pending(self) -> list[str]:
-        """Paths of the items to send, oldest first (temp files and ``rejected/`` excluded)."""
+        """Paths of the items to send, oldest first (temp files and ``rejected/`` excluded);
+        ``SpoolError`` when the directory cannot be read (a missing one holds nothing)."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise SpoolError(f"cannot read the spool {self.directory} ({_why(exc)})") from None
         items: list[tuple[int, str]] = []
         for name in names:
             parsed = parse_name(name)
@@ -188,16 +219,35 @@ class Spool:
         items.sort()
         return [os.path.join(self.directory, name) for _, name in items]
 
-    def reject(self, path: str, why: str) -> None:
-        """Move *path* to ``rejected/`` (kept for a human) with ``<name>.why`` beside it."""
-        os.makedirs(self.rejected_dir, mode=0o700, exist_ok=True)
-        name = os.path.basename(path)
-        with open(os.path.join(self.rejected_dir, name + ".why"), "w", encoding="utf-8") as f:
-            f.write(one_line(why, 2000) + "\n")
-        with contextlib.suppress(FileNotFoundError):  # else another process dealt with it
-            os.replace(path, os.path.join(self.rejected_dir, name))
+    def note_server_error(self, path: str, now: float | None = None) -> tuple[int, float]:
+        """Count one more 5xx answer to *path*; ``(answers, time of the first)``. Kept in
+        ``<name>.retry`` (in memory too: a counter that cannot be written only resets)."""
+        now = time.time() if now is None else now
+        answers, first = read_retry(path + _RETRY_SUFFIX) or self._retries.get(path) or (0, now)
+        state = (answers + 1, min(first, now))
+        self._retries[path] = state
+        write_retry(path + _RETRY_SUFFIX, *state)
+        return state
 
     def done(self, path: str) -> None:
-        """Remove a delivered item."""
-        with contextlib.suppress(FileNotFoundError):
+        """Remove a delivered item; ``SpoolError`` when it cannot be removed."""
+        self._retries.pop(path, None)
+        with contextlib.suppress(OSError):
+            os.unlink(path + _RETRY_SUFFIX)
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise SpoolError(f"cannot remove {path} ({_why(exc)})") from None
+
+    def reject(self, path: str, reason: dict[str, Any]) -> str:
+        """Move *path* to ``rejected/`` (kept for a human) with ``<name>.why`` beside it, JSON
+        *reason*; returns the new path. ``SpoolError`` when it cannot be moved."""
+        self._retries.pop(path, None)
+        with contextlib.suppress(OSError):
+            os.unlink(path + _RETRY_SUFFIX)
+        try:
+            return move_to_rejected(path, self.rejected_dir, reason)
+        except OSError as exc:
+            raise SpoolError(f"cannot move {path} to {self.rejected_dir} ({_why(exc)})") from None

@@ -7,7 +7,15 @@ import os
 from typing import Any
 
 from oomguard.commands import flags
-from oomguard.errors import EXIT_OK, EXIT_SPOOLED, UsageError
+from oomguard.errors import (
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_SPOOLED,
+    EXIT_TOKEN_REFUSED,
+    EXIT_WRONG_URL,
+    UsageError,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,7 +24,8 @@ if TYPE_CHECKING:
 SUMMARY = (
     "Send this node's check report to the fleet manager every --interval (standard library only). "
     "When the manager cannot be reached or answers 5xx, reports wait in a durable spool and are "
-    "replayed in order; each carries an id, so a retry is never stored twice."
+    "replayed in order; each carries an id, so a retry is never stored twice. A report the manager "
+    "refuses (4xx) moves to the spool's rejected/ and the queue goes on."
 )
 SPOOL_DEFAULT = "$OOMGUARD_SPOOL, $XDG_STATE_HOME/oomguard/spool, ~/.local/state/oomguard/spool"
 
@@ -41,7 +50,9 @@ def add_fleet_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
     flags.option(
         group,
         "--once",
-        f"send one report and exit: {EXIT_OK} when delivered, {EXIT_SPOOLED} when spooled for later",
+        f"send one report and exit: {EXIT_OK} delivered, {EXIT_SPOOLED} spooled for later, "
+        f"{EXIT_TOKEN_REFUSED} token refused, {EXIT_WRONG_URL} wrong URL, {EXIT_REJECTED} rejected, "
+        f"{EXIT_LOST} lost (not spooled, not delivered)",
     )
     flags.option(group, "--spool", f"spool directory (default: {SPOOL_DEFAULT})", "DIR")
 
@@ -61,10 +72,10 @@ def _token(args: argparse.Namespace) -> str:
 
 
 def _node(args: argparse.Namespace) -> str:
-    from oomguard.agent import default_node_name, sanitize_node_name
+    """--node as given (``run_agent`` and ``EventForwarder`` sanitize it and say so), else the default."""
+    from oomguard.agent import default_node_name
 
-    name = flags.value(args, "node")
-    return sanitize_node_name(name) if name else default_node_name(dict(os.environ))
+    return flags.value(args, "node") or default_node_name(dict(os.environ))
 
 
 def _spool(args: argparse.Namespace) -> str:

@@ -1,10 +1,15 @@
 """Snapshots: a recording view of the live system, and the tarball it is written to.
 
 The probe runs once against a recording view of the live system; every file it read,
-every marker it found and the environment variables oomguard uses are written as a tree
+every marker it found and the environment variables the probe reads are written as a tree
 rooted at "/" into a .tar.gz. ``check --root FILE`` then computes what the node computed.
-Only the variables in ``ENV_KEEP`` (and ``OOMGUARD_*``, ``VAST_*``) are kept: a snapshot
-meant for a bug report must not carry tokens from the environment.
+
+The environment is an allow-list: a snapshot is meant for bug reports, and a process's
+environment holds tokens (``OOMGUARD_AGENT_TOKEN``, ``VAST_API_KEY``, cloud keys). ``ENV_KEEP``
+is every variable the probe and the budget read (tests/test_snapshot.py checks this against a
+probe run), with its value; ``ENV_NAME_ONLY_PREFIXES`` are variables whose presence alone the
+probe reads (any ``VAST_*`` variable means vast.ai, probes/container.py): their names are kept
+with empty values.
 """
 
 from __future__ import annotations
@@ -24,20 +29,26 @@ if TYPE_CHECKING:
 
 ENV_KEEP = frozenset(
     {
-        "container",
-        "KUBERNETES_SERVICE_HOST",
-        "KUBERNETES_SERVICE_PORT",
-        "CONTAINER_ID",
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
+        "OOMGUARD_BUDGET",  # policy/budget.py: the budget when no --budget is given
+        "container",  # probes/container.py: set by podman, systemd-nspawn, LXC
+        "KUBERNETES_SERVICE_HOST",  # probes/container.py: set in every Kubernetes pod
+        "CONTAINER_ID",  # probes/container.py: a provider hint (vast.ai sets it)
+        "VAST_CONTAINERLABEL",  # probes/container.py: the vast.ai instance label
+        "CUDA_VISIBLE_DEVICES",  # probes/gpu.py: which GPUs a CUDA process sees
+        "CUDA_DEVICE_ORDER",  # probes/gpu.py: how CUDA numbers them
+        "NVIDIA_VISIBLE_DEVICES",  # probes/gpu.py: which GPUs the container runtime passed in
     }
 )
-ENV_KEEP_PREFIXES = ("OOMGUARD_", "VAST_")
+ENV_NAME_ONLY_PREFIXES = ("VAST_",)
 MANIFEST = "oomguard-snapshot.txt"
 
 
 def keep_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
+    """The part of *env* a snapshot carries: ``ENV_KEEP`` with values, ``ENV_NAME_ONLY_PREFIXES``
+    names with empty values, nothing else."""
+    kept = {k: "" for k in env if k.startswith(ENV_NAME_ONLY_PREFIXES)}
+    kept.update({k: v for k, v in env.items() if k in ENV_KEEP})
+    return kept
 
 
 class RecordingRoot(Root):

@@ -1,0 +1,213 @@
+"""One POST to the fleet manager, and what its answer means. Network failures are values.
+
+The manager's contract::
+
+    POST {manager}/api/v1/reports  {"node", "id", "report", "interval_s", "time"}
+    POST {manager}/api/v1/events   {"node", "id", "event"}
+    Authorization: Bearer TOKEN
+
+Every answer is one ``Outcome`` kind (RFC 9110 section 15 for the status classes):
+
+- ``ok``: 2xx, stored (a duplicate ``id`` is stored once, so resending is always safe);
+- ``retry``: no answer (refused, reset, timed out, no such host), 408 or 429: try again later,
+  in order; says nothing about the item;
+- ``server``: 5xx: try again later, in order; counted per item (a manager that never takes one
+  item must not block the queue: ``spool.GIVE_UP_*``);
+- ``token``: 401 or 403, the manager refused the agent's token;
+- ``url``: 404, 405 or a redirect (3xx): no manager API at that URL (a redirected POST would be
+  replayed as a GET without its body, so redirects are never followed);
+- ``rejected``: any other 4xx (400, 409, 413, 422, ...): the manager will never take this item.
+
+Standard library only: the agent runs on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from oomguard._version import __version__
+from oomguard.agent.log import one_line
+from oomguard.errors import UsageError
+
+ENDPOINTS = {"report": "reports", "event": "events"}
+RETRY_4XX = frozenset({408, 429})  # "not now" (RFC 9110 15.5.9, RFC 6585 section 4), not "never"
+TOKEN_4XX = frozenset({401, 403})
+URL_4XX = frozenset({404, 405})
+BODY_EXCERPT = 500  # characters of an error answer kept beside a rejected item
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one POST came to: *kind* (see the module doc), the HTTP *status* when there was an
+    answer, *why* (one line for the log) and *body* (an excerpt of the error answer)."""
+
+    kind: str
+    status: int | None = None
+    why: str = ""
+    body: str = ""
+
+    @property
+    def delivered(self) -> bool:
+        return self.kind == "ok"
+
+    @property
+    def later(self) -> bool:
+        """Try again later (the item stays in the spool, the queue waits behind it)."""
+        return self.kind in ("retry", "server")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Turn every 3xx into an ``HTTPError``: a redirected POST would come back as a body-less GET."""
+
+    def redirect_request(  # noqa: PLR0917 (the base class's signature)
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        return None
+
+
+def check_manager(manager: str) -> str:
+    """The manager's base URL without trailing slashes; ``UsageError`` naming ``--manager``
+    unless it is an http(s) URL with a host and no query or fragment."""
+    base = manager.strip().rstrip("/")
+    try:
+        parts = urllib.parse.urlsplit(base)
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--manager: the URL must be http://HOST[:PORT][/PATH] or https://..., got {manager!r}")
+    if parts.query or parts.fragment:
+        raise UsageError(f"--manager: the URL must not have a query or fragment, got {manager!r}")
+    return base
+
+
+def check_token(token: str) -> str:
+    """*token* without surrounding white space; ``UsageError`` naming ``--token`` when it holds
+    spaces or control characters (it could not travel in a header)."""
+    token = token.strip()
+    if any(c.isspace() or not c.isprintable() for c in token):
+        raise UsageError("--token (or OOMGUARD_AGENT_TOKEN): must not contain spaces or control characters")
+    return token
+
+
+def _network_why(err: BaseException) -> str:
+    if isinstance(err, urllib.error.URLError) and isinstance(err.reason, BaseException):
+        err = err.reason
+    if isinstance(err, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(err, http.client.RemoteDisconnected):
+        return "connection closed without an answer"
+    if isinstance(err, ConnectionResetError):
+        return "connection reset"
+    if isinstance(err, TimeoutError):
+        return "timed out"
+    if isinstance(err, socket.gaierror):
+        return f"cannot resolve host ({err.strerror or err})"
+    if isinstance(err, urllib.error.URLError):
+        return one_line(f"{err.reason}", 160)
+    return one_line(f"{type(err).__name__}: {err}", 160)
+
+
+def _read_error_body(err: urllib.error.HTTPError) -> str:
+    try:
+        data = err.read(65536)
+    except Exception:  # the body of an error answer is a courtesy: its loss is not a failure
+        data = b""
+    finally:
+        with contextlib.suppress(Exception):
+            err.close()
+    return data.decode("utf-8", "replace") if data else ""
+
+
+def _detail(text: str) -> str:
+    """A short reason from an error body (``{"error"|"detail"|"message": str}`` or plain text)."""
+    try:
+        parsed = json.loads(text) if text else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        for key in ("error", "detail", "message"):
+            if isinstance(parsed.get(key), str):
+                return one_line(parsed[key], 120)
+    if not text or text.lstrip().startswith("<"):  # an HTML error page says nothing useful on one line
+        return ""
+    return one_line(text, 120)
+
+
+def _kind_of(status: int) -> str:
+    if 300 <= status < 400 or status in URL_4XX:
+        return "url"
+    if status in TOKEN_4XX:
+        return "token"
+    if status in RETRY_4XX:
+        return "retry"
+    if 400 <= status < 500:
+        return "rejected"
+    return "server"
+
+
+def http_outcome(err: urllib.error.HTTPError) -> Outcome:
+    """The ``Outcome`` of an error answer (3xx, 4xx, 5xx)."""
+    text = _read_error_body(err)
+    detail = _detail(text)
+    why = f"{err.code} {err.reason}" + (f": {detail}" if detail else "")
+    if 300 <= err.code < 400:
+        where = err.headers.get("Location", "?") if err.headers is not None else "?"
+        why += f" (redirect to {one_line(where, 100)})"
+    return Outcome(_kind_of(err.code), err.code, why, one_line(text, BODY_EXCERPT))
+
+
+class Client:
+    """POSTs items to the manager at *manager* with bearer *token*. ``UsageError`` naming the
+    flag for a bad URL or token."""
+
+    def __init__(self, manager: str, token: str, *, timeout: float = 10.0) -> None:
+        self.manager = check_manager(manager)
+        self.token = check_token(token)
+        self.timeout = timeout
+        self._opener = urllib.request.build_opener(_NoRedirect())
+
+    def url(self, kind: str) -> str:
+        if kind not in ENDPOINTS:
+            raise ValueError(f"unknown item kind {kind!r} (expected report or event)")
+        return f"{self.manager}/api/v1/{ENDPOINTS[kind]}"
+
+    def _request(self, kind: str, body: dict[str, Any]) -> urllib.request.Request:
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": f"oomguard-agent/{__version__}",
+        }
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = json.dumps(body, separators=(",", ":")).encode("utf-8")
+        return urllib.request.Request(self.url(kind), data=data, method="POST", headers=headers)
+
+    def post(self, kind: str, body: dict[str, Any]) -> Outcome:
+        """One POST of *body* to the *kind* endpoint. Network errors never raise."""
+        req = self._request(kind, body)
+        try:
+            # the status line said stored; the rest of the answer does not matter
+            with self._opener.open(req, timeout=self.timeout) as resp:
+                status = int(resp.status)
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    resp.read(1 << 20)
+            return Outcome("ok", status)
+        except urllib.error.HTTPError as e:
+            return http_outcome(e)
+        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
+            return Outcome("retry", None, _network_why(e))
