@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oomguard.probes import parsers
+from oomguard.probes import parsers, probe_system
 from oomguard.probes.counters import parse_ppid, read_oom_kills, read_peak, read_peak_rss, read_usage
 from oomguard.probes.mounts import parse_mountinfo, parse_mountinfo_line, parse_proc_cgroup, unescape_octal
-from oomguard.sources.root import parse_environ
+from oomguard.probes.namespace import HIDDEN, MAX_CANDIDATES, OUTSIDE, UNDER, find_hidden_group, locate, split_ns_path
+from oomguard.sources.root import DirRoot, parse_environ
 
 # Text shaped like the kernel's files hits the interesting branches more often than random text.
 kernelish = st.text(alphabet=st.sampled_from(list("0123456789 -:/,=.\n\tabcdefmxkBslu\\")), max_size=300)
@@ -32,6 +35,8 @@ TEXT_PARSERS = [
     unescape_octal,
     parse_environ,
     parse_ppid,
+    parsers.parse_pid_list,
+    split_ns_path,
 ]
 
 
@@ -42,6 +47,8 @@ def test_no_parser_raises(text: str) -> None:
     parsers.parse_cfs(text, text)
     parsers.has_capability({"CapEff": text}, parsers.CAP_IPC_LOCK)
     parsers.status_kb({"VmLck": text}, "VmLck")
+    locate(text, text)
+    locate(text, "/..")
 
 
 @given(any_text)
@@ -180,3 +187,164 @@ def test_run_time_counters_read_through_a_root(tmp_path: Path) -> None:
     assert (read_usage(root, "/cg", 2), read_usage(root, "/v1", 1), read_usage(root, None, 2)) == (4096, 100, None)
     assert (read_peak(root, "/cg", 2), read_peak(root, "/v1", 1), read_peak(root, "/v1", 2)) == (8192, 200, None)
     assert (read_peak_rss(root, 42), read_peak_rss(root, 43), read_peak_rss(root, 44)) == (1536 * 1024, None, None)
+
+
+# --- line splitting: "\n" only (issue #11) --------------------------------------------------------------
+
+# Every character str.splitlines() breaks at except "\n", which the kernel refuses in a cgroup name
+# (kernel/cgroup/cgroup.c cgroup_mkdir()), plus the four mountinfo escapes.
+SPLITLINES_ONLY = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+name_chars = st.one_of(st.sampled_from([*SPLITLINES_ONLY, *" \t\\:,-_.", "\udcff"]), st.characters())
+group_names = st.text(name_chars, min_size=1, max_size=12).filter(
+    lambda n: "/" not in n and "\0" not in n and "\n" not in n and n not in (".", "..")
+)
+group_paths = st.lists(group_names, min_size=1, max_size=3).map(lambda parts: "/" + "/".join(parts))
+
+
+def kernel_escape(field: str) -> str:
+    """What show_mountinfo()/cgroup_show_path() write: only space, tab, newline, backslash escaped."""
+    return field.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+
+def test_splitlines_breaks_where_the_kernel_does_not() -> None:
+    """The reason for split("\n"): each of these is a line break to str.splitlines()."""
+    for c in SPLITLINES_ONLY:
+        assert len(f"a{c}b".splitlines()) == 2, repr(c)
+        assert len(f"a{c}b".split("\n")) == 1
+
+
+@given(group_paths, group_paths)
+def test_group_names_round_trip_through_proc_self_cgroup(path: str, other: str) -> None:
+    text = f"12:memory:{path}\n3:cpu,cpuacct:{other}\n0::{path}\n"
+    entries, bad = parse_proc_cgroup(text)
+    assert bad == 0
+    assert [(e.hierarchy_id, e.path) for e in entries] == [("12", path), ("3", other), ("0", path)]
+
+
+@given(group_paths, st.sampled_from(["/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/mnt/a b\\c"]))
+def test_mount_roots_round_trip_through_mountinfo(root: str, mount_point: str) -> None:
+    line = (
+        f"32 28 0:29 {kernel_escape(root)} {kernel_escape(mount_point)} rw,relatime shared:8 - cgroup cgroup rw,memory"
+    )
+    text = f"22 1 8:2 / / rw - xfs /dev/sda2 rw\n{line}\n31 23 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    mounts, bad = parse_mountinfo(text)
+    assert bad == 0
+    assert [(m.root, m.mount_point) for m in mounts][1] == (root, mount_point)
+    assert len(mounts) == 3
+
+
+def test_a_nul_byte_makes_a_line_malformed() -> None:
+    entries, bad = parse_proc_cgroup("0::/a\0b\n5:memory:/ok\n")
+    assert (bad, [e.path for e in entries]) == (1, ["/ok"])
+    mounts, bad = parse_mountinfo("31 23 0:27 /\0 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+    assert (mounts, bad) == ([], 1)
+
+
+def test_status_name_with_a_line_separator_injects_nothing() -> None:
+    """A process may name itself (prctl PR_SET_NAME) with U+2028 followed by a fake field."""
+    status = parsers.parse_status("Name:\tx\u2028CapEff:\t000001ffffffffff\nCapEff:\t0000000000000000\nPid:\t7\n")
+    assert status["Name"] == "x\u2028CapEff:\t000001ffffffffff"
+    assert parsers.has_capability(status, parsers.CAP_IPC_LOCK) is False
+    stat = parsers.parse_flat_keyed("anon 5\x0cinactive_file 99\ninactive_file 3\n")
+    assert stat == {"inactive_file": 3}  # "anon 5\x0cinactive_file 99" is one line of three fields
+
+
+@given(group_paths)
+def test_a_group_with_any_name_is_found_and_its_limit_read(path: str) -> None:
+    """The whole probe: /proc/self/cgroup, mountinfo and the group's directory agree on the name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        group = base / "sys/fs/cgroup" / path.lstrip("/")
+        try:
+            group.mkdir(parents=True)
+        except OSError:  # a name longer than the file system allows
+            return
+        (group / "memory.max").write_text("536870912\n")
+        (base / "proc/self").mkdir(parents=True)
+        (base / "proc/meminfo").write_text("MemTotal: 16777216 kB\nMemAvailable: 8388608 kB\n")
+        (base / "proc/self/cgroup").write_bytes(f"0::{path}\n".encode("utf-8", "surrogateescape"))
+        line = f"31 23 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n22 1 8:2 {kernel_escape(path)} /x rw - xfs a rw\n"
+        (base / "proc/self/mountinfo").write_bytes(line.encode("utf-8", "surrogateescape"))
+        report = probe_system(DirRoot(tmp), gpu=False)
+    assert report["memory"]["cgroup"]["path"] == path
+    assert report["memory"]["effective_bytes"] == 536870912
+    codes = {w["code"] for w in report["warnings"]}
+    assert codes <= {"missing", "memlock-unknown"}, report["warnings"]  # no status, no limits: nothing else
+
+
+# --- cgroup namespaces: paths compared as they are, ".." included ----------------------------------------
+
+ups = st.integers(0, 3)
+plain = st.lists(st.sampled_from(["a", "b", "job_1", "x y"]), max_size=3)
+
+
+def ns(n_up: int, names: list[str]) -> str:
+    return "/" + "/".join([".."] * n_up + names)
+
+
+@given(ups, plain, plain)
+def test_same_prefix_is_under_the_root(n_up: int, root: list[str], below: list[str]) -> None:
+    assert locate(ns(n_up, root + below), ns(n_up, root)) == (UNDER, below, 0)
+
+
+@given(ups, plain)
+def test_a_path_equal_to_the_mount_root_is_never_outside(n_up: int, names: list[str]) -> None:
+    assert locate(ns(n_up, names), ns(n_up, names)) == (UNDER, [], 0)
+
+
+@given(ups, st.integers(1, 3), plain)
+def test_a_root_of_only_dotdots_above_the_path_hides_names(n_up: int, more: int, names: list[str]) -> None:
+    assert locate(ns(n_up, names), ns(n_up + more, [])) == (HIDDEN, names, more)
+
+
+@given(ups, st.integers(1, 3), plain, st.lists(st.sampled_from(["r", "s"]), min_size=1, max_size=2))
+def test_really_outside(n_up: int, more: int, names: list[str], root_names: list[str]) -> None:
+    assert locate(ns(n_up + more, names), ns(n_up, root_names))[0] == OUTSIDE  # the path starts higher
+    assert locate(ns(n_up, names), ns(n_up + more, root_names))[0] == OUTSIDE  # the root is off the path
+    assert locate(ns(n_up, ["q", *names]), ns(n_up, root_names))[0] == OUTSIDE  # a sibling
+
+
+def test_split_ns_path_refuses_what_the_kernel_never_writes() -> None:
+    assert split_ns_path("/../../a/b") == (2, ["a", "b"])
+    assert split_ns_path("/") == (0, [])
+    assert split_ns_path("/a/../b") is None  # ".." after a name
+    assert split_ns_path("/./a") is None
+    assert split_ns_path("a/b") is None
+    assert locate("/a/../b", "/")[0] == OUTSIDE
+
+
+def _groups(base: Path, procs: dict[str, str]) -> DirRoot:
+    for rel, text in procs.items():
+        (base / rel).mkdir(parents=True, exist_ok=True)
+        (base / rel / "cgroup.procs").write_text(text)
+    return DirRoot(str(base))
+
+
+def test_hidden_group_is_the_one_whose_cgroup_procs_lists_the_pid(tmp_path: Path) -> None:
+    root = _groups(tmp_path, {"cg": "1\n", "cg/a": "42420\n", "cg/b": "7\n42\n", "cg/c": "", "cg/b/sub": "42\n"})
+    assert find_hidden_group(root, "/cg", 1, [], 42) == ("/cg/b", "")
+    assert find_hidden_group(root, "/cg", 1, ["sub"], 42) == ("/cg/b/sub", "")
+    assert find_hidden_group(root, "/cg", 2, [], 42) == ("/cg/b/sub", "")
+    missing, why = find_hidden_group(root, "/cg", 1, [], 4242)
+    assert missing is None and "PID 4242" in why
+    assert find_hidden_group(root, "/cg", 1, [], None)[0] is None
+    assert find_hidden_group(None, "/cg", 1, [], 42)[0] is None
+
+
+def test_hidden_group_listed_twice_is_ambiguous(tmp_path: Path) -> None:
+    root = _groups(tmp_path, {"cg/a": "42\n", "cg/b": "42\n"})
+    found, why = find_hidden_group(root, "/cg", 1, [], 42)
+    assert found is None and "2 groups" in why
+
+
+def test_hidden_group_search_gives_up_on_a_huge_tree(tmp_path: Path) -> None:
+    root = _groups(tmp_path, {f"cg/g{i}": "" for i in range(MAX_CANDIDATES + 1)})
+    found, why = find_hidden_group(root, "/cg", 1, [], 42)
+    assert found is None and str(MAX_CANDIDATES) in why
+
+
+@pytest.mark.parametrize(
+    ("text", "pids"), [("1\n42\n", {1, 42}), ("", set()), ("0\n-3\nx\n 7 \n", {7}), ("42\r\n", {42})]
+)
+def test_pid_list(text: str, pids: set[int]) -> None:
+    assert parsers.parse_pid_list(text) == pids

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from oomguard._version import __version__
-from oomguard.probes.cgroup import find_hierarchy
+from oomguard.probes.cgroup import Locator
 from oomguard.probes.container import probe_container
 from oomguard.probes.cpu import probe_cpu
 from oomguard.probes.gpu import probe_gpus, skipped_driver
 from oomguard.probes.memlock import probe_memlock
 from oomguard.probes.memory import probe_memory
 from oomguard.probes.mounts import CgroupEntry, Mount, parse_mountinfo, parse_proc_cgroup
-from oomguard.probes.parsers import parse_status
+from oomguard.probes.parsers import parse_int_file, parse_status
 from oomguard.report import SCHEMA_VERSION, add_warning, warn_failure
 from oomguard.sources.gpu import DEFAULT_TIMEOUT
 from oomguard.sources.root import Failure, LiveRoot, Root
@@ -35,19 +35,20 @@ def _read_lines(
     lost: str,
     shape: str,
     warnings: list[WarningEntry],
-) -> list[T]:
-    """Read and parse a line-oriented file; failures and bad lines become warnings."""
+) -> list[T] | None:
+    """Read and parse a line-oriented file (None when unreadable); failures and bad lines warn."""
     text = root.read(path)
     if isinstance(text, Failure):
         warn_failure(warnings, text, lost)
-        return []
+        return None
     items, bad = parse(text)
     if bad:
         add_warning(warnings, "malformed", f"{path}: {bad} line(s) {shape}")
     return items
 
 
-def _read_layout(root: Root, warnings: list[WarningEntry]) -> tuple[list[CgroupEntry], list[Mount]]:
+def _read_layout(root: Root, warnings: list[WarningEntry]) -> tuple[list[CgroupEntry] | None, list[Mount]]:
+    """The /proc/self/cgroup entries (None when the file could not be read) and the mounts."""
     entries = _read_lines(
         root,
         "/proc/self/cgroup",
@@ -64,7 +65,35 @@ def _read_layout(root: Root, warnings: list[WarningEntry]) -> tuple[list[CgroupE
         shape="could not be parsed",
         warnings=warnings,
     )
-    return entries, mounts
+    return entries, mounts or []
+
+
+def _no_cgroup_warning(entries: list[CgroupEntry] | None, warnings: list[WarningEntry]) -> None:
+    """cgroups(7), "/proc/[pid]/cgroup": one line per hierarchy the process is a member of.
+
+    With none listed (a kernel without cgroups, or none mounted: the v2 line shows only once
+    cgroup2 has been mounted), no limit can be found: say so, as for no memory hierarchy.
+    """
+    if entries is None:
+        return  # the read failure is warned already
+    if not entries:
+        add_warning(warnings, "no-cgroup", "/proc/self/cgroup lists no cgroup hierarchy; using /proc/meminfo")
+    else:
+        add_warning(warnings, "no-cgroup", "no mounted cgroup hierarchy for the memory controller; using /proc/meminfo")
+
+
+def _read_status(root: Root, warnings: list[WarningEntry]) -> dict[str, str]:
+    text = root.read("/proc/self/status")
+    if isinstance(text, Failure):
+        warn_failure(warnings, text, "capabilities and locked memory are unknown")
+        return {}
+    return parse_status(text)
+
+
+def _pid(status: dict[str, str]) -> int | None:
+    """proc(5), /proc/[pid]/status: ``Pid:`` is the thread group ID, the process's PID."""
+    pid = parse_int_file(status.get("Pid", ""))
+    return pid if pid else None
 
 
 def _hidden_limit_warning(report: Report, warnings: list[WarningEntry]) -> None:
@@ -96,27 +125,20 @@ def probe_system(
     root = root or LiveRoot()
     env = root.environ() if env is None else env
     warnings: list[WarningEntry] = []
-    entries, mounts = _read_layout(root, warnings)
-    status_text = root.read("/proc/self/status")
-    status = parse_status(status_text) if not isinstance(status_text, Failure) else {}
-    if isinstance(status_text, Failure):
-        warn_failure(warnings, status_text, "capabilities and locked memory are unknown")
-    mem_h = find_hierarchy(entries, mounts, "memory", warnings)
-    if mem_h is None and entries:
-        add_warning(warnings, "no-cgroup", "no mounted cgroup hierarchy for the memory controller; using /proc/meminfo")
+    read_entries, mounts = _read_layout(root, warnings)
+    entries = read_entries or []
+    status = _read_status(root, warnings)
+    locator = Locator(root, entries, mounts, _pid(status), warnings)
+    mem_h = locator.find("memory")
+    if mem_h is None:
+        _no_cgroup_warning(read_entries, warnings)
     report: Report = {
         "schema_version": SCHEMA_VERSION,
         "oomguard_version": __version__,
         "root": root.label,
         "memory": probe_memory(root, mem_h, mounts, warnings),
         "memlock": probe_memlock(root, status, warnings),
-        "cpu": probe_cpu(
-            root,
-            status,
-            find_hierarchy(entries, mounts, "cpu", []),
-            find_hierarchy(entries, mounts, "cpuset", []),
-            warnings,
-        ),
+        "cpu": probe_cpu(root, status, locator.find("cpu"), locator.find("cpuset"), warnings),
         "container": probe_container(root, env, entries, mounts),
         "gpus": [],
         "gpu_driver": skipped_driver(),

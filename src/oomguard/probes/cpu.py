@@ -3,13 +3,18 @@
 effective = min(online CPUs, affinity (``Cpus_allowed_list``), cpuset, quota),
 where the quota is the smallest ``cpu.max`` (v2) or ``cfs_quota_us / cfs_period_us``
 (v1) over the group and its ancestors. A fractional quota stays fractional.
+
+Failures warn as in the memory section: the cgroup is resolved with the same rules and
+warnings (``outside-mount-root``, ``cgroup-not-found``: then no quota or cpuset is read), a
+file that exists but cannot be read is ``unreadable``, and one without the documented shape
+is ``malformed``. A missing file is no warning (cpu and cpuset need not be enabled).
 """
 
 from __future__ import annotations
 
 from oomguard.probes.cgroup import Hierarchy
 from oomguard.probes.parsers import MALFORMED, VALUE, parse_cfs, parse_cpu_list, parse_cpu_max
-from oomguard.report import add_warning
+from oomguard.report import add_warning, warn_failure
 from oomguard.sources.root import Failure, Root
 
 TYPE_CHECKING = False
@@ -17,22 +22,27 @@ if TYPE_CHECKING:
     from oomguard._types import CpuSection, WarningEntry
 
 
-def _text(root: Root, path: str) -> str | None:
+def _text(root: Root, path: str, warnings: list[WarningEntry]) -> str | None:
     t = root.read(path)
-    return None if isinstance(t, Failure) else t
+    if isinstance(t, Failure):
+        if t.kind != "missing":
+            warn_failure(warnings, t, "its value is ignored")
+        return None
+    return t
 
 
 def _quota(root: Root, h: Hierarchy, warnings: list[WarningEntry]) -> float | None:
     best: float | None = None
     for d in h.dirs:
         if h.version == 2:
-            t = _text(root, d + "/cpu.max")
+            t = _text(root, d + "/cpu.max", warnings)
             if t is None:
                 continue
             status, q = parse_cpu_max(t)
             what = d + "/cpu.max"
         else:
-            qt, pt = _text(root, d + "/cpu.cfs_quota_us"), _text(root, d + "/cpu.cfs_period_us")
+            qt = _text(root, d + "/cpu.cfs_quota_us", warnings)
+            pt = _text(root, d + "/cpu.cfs_period_us", warnings)
             if qt is None or pt is None:
                 continue
             status, q = parse_cfs(qt, pt)
@@ -44,12 +54,17 @@ def _quota(root: Root, h: Hierarchy, warnings: list[WarningEntry]) -> float | No
     return best
 
 
-def _cpuset(root: Root, h: Hierarchy) -> int | None:
+def _cpuset(root: Root, h: Hierarchy, warnings: list[WarningEntry]) -> int | None:
     names = ("cpuset.cpus.effective",) if h.version == 2 else ("cpuset.effective_cpus", "cpuset.cpus")
     for name in names:
-        t = _text(root, h.leaf + "/" + name)
-        if t is not None:
-            return parse_cpu_list(t)
+        path = h.leaf + "/" + name
+        t = _text(root, path, warnings)
+        if t is None:
+            continue
+        n = parse_cpu_list(t)
+        if n is None and t.strip():  # empty means "inherit" in v2 (cgroup-v2.rst, "cpuset.cpus")
+            add_warning(warnings, "malformed", f"{path} holds {t.strip()[:40]!r}, not a CPU list; ignored")
+        return n
     return None
 
 
@@ -60,11 +75,11 @@ def probe_cpu(
     cpuset_h: Hierarchy | None,
     warnings: list[WarningEntry],
 ) -> CpuSection:
-    online_text = _text(root, "/sys/devices/system/cpu/online")
+    online_text = _text(root, "/sys/devices/system/cpu/online", warnings)
     online = parse_cpu_list(online_text) if online_text is not None else None
     affinity = parse_cpu_list(status["Cpus_allowed_list"]) if "Cpus_allowed_list" in status else None
-    quota = _quota(root, cpu_h, warnings) if cpu_h is not None else None
-    cpuset = _cpuset(root, cpuset_h) if cpuset_h is not None else None
+    quota = _quota(root, cpu_h, warnings) if cpu_h is not None and cpu_h.found else None
+    cpuset = _cpuset(root, cpuset_h, warnings) if cpuset_h is not None and cpuset_h.found else None
     candidates: list[tuple[float, str]] = [
         (float(v), name)
         for v, name in ((online, "online"), (affinity, "affinity"), (cpuset, "cpuset"), (quota, "quota"))

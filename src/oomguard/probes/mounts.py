@@ -17,6 +17,14 @@ everything after the source is kept as one string.
 
 Kubernetes paths contain colons (``...slice:cri-containerd:<id>``), so a line is
 split on its first two colons only.
+
+Both files are split into lines on ``\\n`` only, never with ``str.splitlines()``, which also
+breaks at ``\\r \\v \\f \\x1c-\\x1e \\x85 U+2028 U+2029``. A cgroup name may hold any byte but
+``/`` and NUL, except ``\\n``: kernel/cgroup/cgroup.c ``cgroup_mkdir()`` (and, since commit
+b7e24eb1caa5, ``cgroup1_rename()``) refuse it "to prevent making /proc/<pid>/cgroup
+unparsable". In mountinfo the kernel escapes only space, tab, newline and backslash
+(proc(5); ``show_mountinfo()`` and ``cgroup_show_path()`` pass ``" \\t\\n\\\\"`` to the escaper).
+A NUL byte is never in either file: a line holding one is malformed.
 """
 
 from __future__ import annotations
@@ -93,10 +101,10 @@ def parse_mountinfo(text: str) -> tuple[list[Mount], int]:
     """All parseable mounts, and how many non-empty lines could not be parsed."""
     mounts: list[Mount] = []
     bad = 0
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line.strip():
             continue
-        m = parse_mountinfo_line(line)
+        m = parse_mountinfo_line(line) if "\0" not in line else None
         if m is None:
             bad += 1
         else:
@@ -108,11 +116,11 @@ def parse_proc_cgroup(text: str) -> tuple[list[CgroupEntry], int]:
     """All ``id:controllers:path`` entries, and how many lines were malformed."""
     entries: list[CgroupEntry] = []
     bad = 0
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line.strip():
             continue
         parts = line.split(":", 2)
-        if len(parts) != 3 or not parts[2].startswith("/"):
+        if len(parts) != 3 or not parts[2].startswith("/") or "\0" in line:
             bad += 1
             continue
         controllers = [c for c in parts[1].split(",") if c]

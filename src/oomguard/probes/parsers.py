@@ -2,6 +2,10 @@
 
 Each function quotes the format it reads. Values the kernel would never write
 (negative sizes, NaN, absurd ranges) are treated as malformed, not trusted.
+
+Lines end at ``\\n`` only (``text.split("\\n")``): ``str.splitlines()`` also breaks at
+``\\r \\v \\f \\x1c-\\x1e \\x85 U+2028 U+2029``, which a process name in /proc/self/status
+(prctl(2) PR_SET_NAME) or a cgroup name may hold.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
     ``anon 751619276`` / ``oom_kill 3``. Lines that do not fit are skipped.
     """
     out: dict[str, int] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         parts = line.split()
         if len(parts) == 2:
             n = _int(parts[1])
@@ -66,13 +70,23 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
     return out
 
 
+def parse_pid_list(text: str) -> set[int]:
+    """``cgroup.procs``: one PID a line (``1234``); lines that are not a PID are skipped."""
+    pids = set()
+    for line in text.split("\n"):
+        n = _int(line)
+        if n is not None and n > 0:
+            pids.add(n)
+    return pids
+
+
 def parse_meminfo(text: str) -> dict[str, int]:
     """``/proc/meminfo``: ``MemTotal:       24684092 kB`` -> {"MemTotal": bytes}.
 
     Values without a unit (``HugePages_Total: 0``) are counts and kept as they are.
     """
     out: dict[str, int] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         key, sep, rest = line.partition(":")
         if not sep:
             continue
@@ -99,7 +113,7 @@ def parse_pressure(text: str) -> dict[str, dict[str, float]]:
     -> {"some": {"avg10": 0.0, ..., "total": 3508.0}, "full": {...}}; avg in %, total in µs.
     """
     out: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         parts = line.split()
         if not parts or parts[0] not in ("some", "full"):
             continue
@@ -180,7 +194,7 @@ def parse_proc_limits(text: str) -> dict[str, tuple[int | None, int | None]]:
     fixed-width, but names contain spaces, so the numbers are taken from the right.
     """
     out: dict[str, tuple[int | None, int | None]] = {}
-    for line in text.splitlines()[1:]:
+    for line in text.split("\n")[1:]:
         parts = line.split()
         if len(parts) < 4:
             continue
@@ -206,7 +220,7 @@ def parse_proc_limits(text: str) -> dict[str, tuple[int | None, int | None]]:
 def parse_status(text: str) -> dict[str, str]:
     """``/proc/self/status``: ``Name:\\tvalue`` lines -> {"Name": "value"}."""
     out: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         key, sep, value = line.partition(":")
         if sep:
             out[key] = value.strip()

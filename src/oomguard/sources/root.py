@@ -11,6 +11,7 @@ has no truth value of its own, because an empty file ("") is falsy too.
 from __future__ import annotations
 
 import os
+import stat
 
 from oomguard.errors import SnapshotError
 
@@ -90,6 +91,8 @@ class LiveRoot(Root):
                 data = f.read(MAX_FILE_BYTES)
         except OSError as exc:
             return _failure_from_oserror(path, exc)
+        except ValueError:  # a NUL byte: the kernel never writes one in a path
+            return _bad_path(path)
         return data.decode("utf-8", "surrogateescape")
 
     def exists(self, path: str) -> bool:
@@ -100,6 +103,8 @@ class LiveRoot(Root):
             return sorted(os.listdir(path))
         except OSError as exc:
             return _failure_from_oserror(path, exc)
+        except ValueError:
+            return _bad_path(path)
 
     def environ(self) -> dict[str, str]:
         return dict(os.environ)
@@ -129,31 +134,63 @@ class _SnapshotRoot(Root):
 
 
 class DirRoot(_SnapshotRoot):
-    """A file tree laid out as under "/" (a fixture or an unpacked snapshot)."""
+    """A file tree laid out as under "/" (a fixture or an unpacked snapshot).
+
+    Paths come from the snapshot's own text (a cgroup path in proc/self/cgroup), so any
+    string is taken: ``..`` stops at the tree's top, and a path the OS refuses (a NUL byte,
+    an unencodable character) or a file that is not a regular one (a FIFO would block) is a
+    ``Failure``, never an exception.
+    """
 
     def __init__(self, base: str) -> None:
         self.base = os.path.abspath(base)
         self.label = base
 
     def _path(self, path: str) -> str:
-        return os.path.join(self.base, path.lstrip("/"))
+        return os.path.join(self.base, os.path.normpath("/" + path).lstrip("/"))
 
     def read(self, path: str) -> str | Failure:
         try:
-            with open(self._path(path), "rb") as f:
-                data = f.read(MAX_FILE_BYTES)
+            fd = os.open(self._path(path), os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             return _failure_from_oserror(path, exc)
-        return data.decode("utf-8", "surrogateescape")
+        except ValueError:
+            return _bad_path(path)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return Failure(path, "error", "not a regular file")
+            chunks: list[bytes] = []
+            size = 0
+            while size < MAX_FILE_BYTES:
+                chunk = os.read(fd, MAX_FILE_BYTES - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except OSError as exc:
+            return _failure_from_oserror(path, exc)
+        finally:
+            os.close(fd)
+        return b"".join(chunks).decode("utf-8", "surrogateescape")
 
     def exists(self, path: str) -> bool:
-        return os.path.lexists(self._path(path))
+        try:
+            return os.path.lexists(self._path(path))
+        except ValueError:  # pragma: no cover - lexists already answers False on Python >= 3.8
+            return False
 
     def listdir(self, path: str) -> list[str] | Failure:
         try:
             return sorted(os.listdir(self._path(path)))
         except OSError as exc:
             return _failure_from_oserror(path, exc)
+        except ValueError:
+            return _bad_path(path)
+
+
+def _bad_path(path: str) -> Failure:
+    why = "the path holds a NUL byte" if "\0" in path else "the path cannot be encoded"
+    return Failure(path, "error", why)
 
 
 class TarRoot(_SnapshotRoot):

@@ -127,6 +127,31 @@ def test_usage_and_working_set_of_the_group(group: GroupFactory) -> None:
     assert mem["available_bytes"] == min(256 * MiB - mem["working_set_bytes"], mem["host_available_bytes"])
 
 
+def test_headroom_counts_a_sibling_under_the_parent_limit(group: GroupFactory) -> None:
+    """issue #11 item 4: the parent's memory.current counts the sibling's 160 MiB, and a charge fails at
+    the parent's 400 MiB first, so the headroom is below 400 - 160 MiB, not 400 MiB - our own usage."""
+    parent = group(400 * MiB)
+    sibling = parent.child("sibling")
+    me = parent.child("me")
+    hold = (
+        "import sys; n = 160 << 20; b = bytearray(n); b[::4096] = b'x' * (n // 4096); "
+        "print('ready', flush=True); sys.stdin.read()"
+    )
+    holder = sibling.popen(PYTHON, "-c", hold, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        report = check(me)
+        parent_after = int(parent.read("memory.current"))
+    finally:
+        holder.communicate("", timeout=30)
+    mem = report["memory"]
+    assert mem["effective_bytes"] == 400 * MiB
+    assert mem["limit_file"] == f"{parent.path}/memory.max"
+    assert mem["working_set_bytes"] < 160 * MiB  # our own group holds one interpreter, not the sibling
+    assert mem["available_bytes"] <= 400 * MiB - 160 * MiB
+    assert mem["available_bytes"] >= 400 * MiB - parent_after - 64 * MiB  # parent's usage, give or take the probe
+
+
 def test_oom_kill_and_pressure_of_the_group(group: GroupFactory) -> None:
     """A real OOM kill: memory.events counts it, memory.pressure shows the reclaim stalls before it."""
     g = group(64 * MiB)

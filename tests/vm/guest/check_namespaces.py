@@ -19,7 +19,6 @@ import pytest
 from tests.vm.guest.cg import PYTHON, Group, MiB, oomguard_env, parse_report, warning_codes
 
 GroupFactory = Callable[..., Group]
-ITEM4 = "issue #11 item 4 (cgroup namespaces): paths with /.. are resolved against the mount root as they are"
 SHOW = "cat /proc/self/cgroup >&2; grep ' - cgroup2 ' /proc/self/mountinfo | cut -d' ' -f4,5 >&2"
 
 
@@ -63,22 +62,31 @@ def test_namespace_without_remount_sees_the_mount_root_as_dotdot(group: GroupFac
     assert (cg["path"], cg["mount_root"], cg["mount"]) == ("/", "/..", "/sys/fs/cgroup")
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM4 + ": '/' is inside the mount root '/..', not outside it")
 def test_namespace_without_remount_no_false_outside_warning(group: GroupFactory) -> None:
     report, _ = _check(group(300 * MiB), "unshare", "-C")
     assert "outside-mount-root" not in warning_codes(report)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=ITEM4 + ": the group is one level below the mount root '/..'; today the limit is missed "
-    "(the mount root's, the real root's, is used instead)",
-)
 def test_namespace_without_remount_finds_the_limit(group: GroupFactory) -> None:
+    """Neither file names the group: it is the child of the mount point whose cgroup.procs lists us."""
     g = group(300 * MiB)
+    group(200 * MiB)  # a sibling, so that there is a choice to make
     report, _ = _check(g, "unshare", "-C")
     assert report["memory"]["effective_bytes"] == 300 * MiB
     assert report["memory"]["limit_file"] == f"{g.path}/memory.max"
+    assert report["memory"]["cgroup"]["dir"] == str(g.path)
+    assert warning_codes(report) == []
+
+
+def test_pid_namespace_without_remount_reports_the_limit_unknown(group: GroupFactory) -> None:
+    """``unshare -C -p -f`` without mounting /proc again: /proc/self/status gives the outer PID, while
+    cgroup.procs lists the inner one, so no group can be chosen: unknown, never MemTotal."""
+    report, _ = _check(group(300 * MiB), "unshare", "-C", "-p", "-f")
+    mem = report["memory"]
+    assert (mem["effective_bytes"], mem["limited_by"], mem["available_bytes"]) == (None, None, None)
+    assert (mem["cgroup"]["path"], mem["cgroup"]["mount_root"], mem["cgroup"]["dir"]) == ("/", "/..", None)
+    assert "cgroup-not-found" in warning_codes(report)
+    assert report["budget"]["bytes"] is None
 
 
 @pytest.fixture
@@ -120,13 +128,11 @@ def test_nsenter_from_the_root_group_path_equals_mount_root(ns_holder: tuple[Gro
     assert mem["cgroup"]["path"] == "/.."
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM4 + ": a path equal to the mount root is never outside it")
 def test_nsenter_from_the_root_group_no_false_outside_warning(ns_holder: tuple[Group, int]) -> None:
     report, _ = _nsenter_check(ns_holder[1], None)
     assert "outside-mount-root" not in warning_codes(report)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM4 + ": '/../u' under the mount root '/..' is the group 'u' of the mount")
 def test_nsenter_from_a_sibling_group_finds_its_limit(ns_holder: tuple[Group, int], group: GroupFactory) -> None:
     sibling = group(200 * MiB)
     report, shown = _nsenter_check(ns_holder[1], sibling)
