@@ -299,11 +299,6 @@ def test_a_snapshot_with_undecodable_bytes_is_read_as_it_is(tmp_path: Path) -> N
         assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="commands/check.py writes surrogates to a strict UTF-8 stdout (a UTF-8 locale other than C.UTF-8): "
-    "UnicodeEncodeError; the human output needs errors='backslashreplace' (or the JSON encoder's escaping)",
-)
 def test_check_of_undecodable_bytes_under_a_strict_utf8_stdout(tmp_path: Path) -> None:
     _undecodable_snapshot(tmp_path)
     proc = _check_bytes(tmp_path, PYTHONIOENCODING="utf-8:strict")

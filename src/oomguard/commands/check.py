@@ -83,6 +83,10 @@ def execute(args: argparse.Namespace) -> int:
     else:
         from oomguard.commands.render import format_human
 
+        # A snapshot's paths may hold bytes that are not UTF-8 (kept as surrogates): never let a
+        # strict stdout encoding turn them into a traceback.
+        if hasattr(sys.stdout, "reconfigure"):
+            sys.stdout.reconfigure(errors="backslashreplace")
         sys.stdout.write(format_human(report))
     if require is not None:
         from oomguard.policy.budget import require as require_budget

@@ -6,7 +6,7 @@ from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import Report
+    from oomguard._types import CgroupSection, Report
 
 
 def _finite(data: object) -> object:
@@ -79,9 +79,7 @@ def format_human(report: Report) -> str:
             )
         )
     version = cg["version"]
-    lines.append(
-        _row("cgroup", f"v{version}" if version else "none", f"{cg['path']} at {cg['dir']}" if version else "")
-    )
+    lines.append(_row("cgroup", f"v{version}" if version else "none", _cgroup_where(cg) if version else ""))
     lines.append("Budget")
     if b["source"] == "auto":
         note = f"auto: {format_size(b['basis_bytes'])} basis - {format_size(b['safety_margin_bytes'])} margin"
@@ -139,3 +137,10 @@ def _pin_result(result: dict[str, object]) -> tuple[str, str]:
     if result.get("skipped"):
         return shown, f"skipped: {result['skipped']}"
     return shown, f"FAILED: {result.get('error') or 'unknown error'}"
+
+
+def _cgroup_where(cg: CgroupSection) -> str:
+    """Where the group is: its path and directory, or why the directory is not known."""
+    if cg["dir"] is None:
+        return f"{cg['path']}: directory not found (cgroup-not-found)"
+    return f"{cg['path']} at {cg['dir']}"
