@@ -17,6 +17,9 @@ ls /lib/modules/*/kernel/fs/9p/9p.ko* >/dev/null 2>&1 || need+=(linux-image-amd6
 [ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" = "install ok installed" ] || need+=(busybox-static)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v zsh >/dev/null 2>&1 || need+=(zsh)
+# nginx and Caddy: the reverse-proxy examples in deploy/proxy/ are run and validated (tests/test_manager_hardening.py).
+command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
+command -v caddy >/dev/null 2>&1 || need+=(caddy)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${need[*]}; run as root (or install them) to run every test" >&2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
@@ -9,12 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import FIXTURES, REPO
+from tests.pg import PostgresServer
 
 AGENT = "agent-secret-token"
 VIEWER = "viewer-secret-token"
@@ -32,6 +35,35 @@ def fixture_report(case: str = "original_503g_host_342g_v2_container", **budget:
     return copy.deepcopy(report)
 
 
+_PG = PostgresServer()
+
+
+def shared_pg() -> PostgresServer:
+    """The one throwaway PostgreSQL server of this test session (started on first use, stopped at exit).
+    Raises ``RuntimeError`` with the reason when it cannot run here."""
+    why = _PG.unavailable()
+    if why:
+        raise RuntimeError(why)
+    if _PG.proc is None:
+        _PG.start()
+        atexit.register(_stop_pg)
+    return _PG
+
+
+def _stop_pg() -> None:
+    """SIGINT first: PostgreSQL's fast shutdown, which does not wait for the pools' idle connections."""
+    if _PG.proc is not None and _PG.proc.poll() is None:
+        _PG.proc.send_signal(signal.SIGINT)
+    _PG.stop()
+
+
+def local_client(app: Any) -> Any:
+    """A TestClient that speaks to the app as http://localhost (a Host the default allow-list accepts)."""
+    from fastapi.testclient import TestClient
+
+    return TestClient(app, base_url="http://localhost")
+
+
 def envelope(node: str, report: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"node": node, "id": uuid.uuid4().hex, "report": report, **extra}
 
@@ -43,40 +75,51 @@ def free_port() -> int:
 
 
 class ManagerProcess:
-    """``oomguard manager`` as a real process (uvicorn), for crash and wire-level tests."""
+    """``oomguard manager`` as a real process (uvicorn), for crash and wire-level tests. Its stderr
+    goes to a file (``log()``), so a chatty server can never block on a full pipe."""
 
-    def __init__(self, db_url: str, *args: str) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        *args: str,
+        tokens: bool = True,
+        env: dict[str, str] | None = None,
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
         self.db_url = db_url
         self.args = args
+        self.tokens = tokens
+        self.env = env or {}
+        self.nofile = nofile  # (soft, hard) RLIMIT_NOFILE to start with
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        fd, path = tempfile.mkstemp(prefix="oomguard-manager-", suffix=".log")
+        os.close(fd)
+        self.stderr_path = Path(path)
+        atexit.register(self.stderr_path.unlink, missing_ok=True)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        tokens = ["--agent-token", AGENT, "--viewer-token", VIEWER] if self.tokens else []
+        return [
+            *(sys.executable, "-m", "oomguard", "manager", "--db", self.db_url, "--port", str(self.port)),
+            *tokens,
+            *self.args,
+        ]
+
+    def log(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
     def start(self) -> ManagerProcess:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "oomguard",
-                "manager",
-                "--db",
-                self.db_url,
-                "--port",
-                str(self.port),
-                "--agent-token",
-                AGENT,
-                "--viewer-token",
-                VIEWER,
-                *self.args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **self.env}
+        command = self.command()
+        if self.nofile is not None:  # prlimit(1) sets the limits, then execs the manager (same pid)
+            command = ["prlimit", f"--nofile={self.nofile[0]}:{self.nofile[1]}", "--", *command]
+        with self.stderr_path.open("ab") as err:
+            self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -84,8 +127,7 @@ class ManagerProcess:
                     return self
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                    raise RuntimeError(f"manager did not start: {err}") from None
+                    raise RuntimeError(f"manager did not start: {self.log()}") from None
                 time.sleep(0.05)
 
     def kill9(self) -> None:
@@ -100,6 +142,7 @@ class ManagerProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(10)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -192,3 +192,36 @@ def test_pages_send_a_csp_that_forbids_inline_script(server: ManagerProcess) -> 
     with urllib.request.urlopen(req, timeout=10) as r:
         csp = r.headers["Content-Security-Policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp
+
+
+def test_logout_ends_the_session_in_the_browser(browser: Browser, server: ManagerProcess) -> None:
+    """The cookie is a signed session, not the token; the log-out page POSTs, and the old cookie
+    is refused afterwards even if replayed."""
+    page, watch = logged_in(browser, server)
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    session = cookies["oomguard_session"]
+    assert VIEWER not in session["value"] and session["httpOnly"] and session["sameSite"] == "Strict"
+    assert session["expires"] > 0  # an expiry, not a browser-session cookie
+    page.goto(server.url + "/logout")
+    shot(page, "logout")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/login")
+    page.context.add_cookies([{**session}])  # replayed by whoever kept it
+    page.goto(server.url + "/")
+    assert "/login" in page.url
+    assert not watch.errors, watch.errors
+
+
+def test_api_docs_pages_are_gone_and_the_schema_stays(browser: Browser, server: ManagerProcess) -> None:
+    """/docs and /redoc would load their scripts from a CDN, which the CSP blocks (a blank page):
+    they are not served; /openapi.json is."""
+    page = browser.new_context().new_page()
+    watch = Watch(page)
+    for path in ("/docs", "/redoc"):
+        response = page.goto(server.url + path)
+        assert response is not None and response.status == 404, path
+    response = page.goto(server.url + "/openapi.json")
+    assert response is not None and response.status == 200
+    schema = json.loads(page.locator("body").inner_text())
+    assert schema["info"]["title"] == "oomguard manager" and "/api/v1/reports" in schema["paths"]
+    assert not [e for e in watch.errors if "Content Security Policy" in e], watch.errors

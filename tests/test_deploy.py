@@ -545,9 +545,11 @@ def test_k8s_secret_refs_resolve() -> None:
 def test_k8s_probes_use_healthz() -> None:
     c = manager_container()
     ports = {p["name"] for p in c["ports"]}
-    for kind in ("readinessProbe", "livenessProbe"):
-        assert c[kind]["httpGet"]["path"] == "/healthz", kind
-        assert c[kind]["httpGet"]["port"] in ports, kind
+    # Readiness asks /healthz (which checks the database); liveness is a TCP connect, so a database
+    # outage takes the pod out of rotation instead of restarting it.
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["port"] in ports
+    assert c["livenessProbe"]["tcpSocket"]["port"] in ports
     for w in workloads():
         for other in containers(w):
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -667,7 +669,7 @@ def metric_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     url = f"sqlite:///{tmp_path_factory.mktemp('mgr') / 'oomguard.db'}"
     migrate(url)
     settings = Settings(db_url=url, agent_token=AGENT_H["Authorization"].split()[1], viewer_token=VIEWER)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         assert client.get("/healthz").status_code == 200
         assert client.post("/api/v1/reports", json=envelope("node-a", fixture_report()), headers=AGENT_H).is_success
         assert client.get("/metrics").status_code == 401, "/metrics needs the viewer token"

@@ -23,21 +23,27 @@ from oomguard.manager.db import current_revision, make_engine, migrate, reports
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
 from tests.conftest import REPO
-from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, GiB, ManagerProcess, envelope, fixture_report
+from tests.manager_helpers import (
+    AGENT_H,
+    VIEWER,
+    VIEWER_H,
+    GiB,
+    ManagerProcess,
+    envelope,
+    fixture_report,
+    local_client,
+    shared_pg,
+)
 from tests.pg import PostgresServer
-
-_PG = PostgresServer()
 
 
 @pytest.fixture(scope="session")
-def pg() -> Iterator[PostgresServer]:
-    why = _PG.unavailable()
-    if why:
+def pg() -> PostgresServer:
+    try:
+        return shared_pg()
+    except RuntimeError as why:
         print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
-        pytest.skip(why)
-    _PG.start()
-    yield _PG
-    _PG.stop()
+        pytest.skip(str(why))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -51,7 +57,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def make_client(db_url: str, **settings: Any) -> TestClient:
     migrate(db_url)
     s = Settings(db_url=db_url, agent_token="agent-secret-token", viewer_token=VIEWER, **settings)
-    return TestClient(create_app(s))
+    client: TestClient = local_client(create_app(s))
+    return client
 
 
 @pytest.fixture
@@ -157,7 +164,7 @@ def test_retention_thins_history_but_keeps_oom_events(db_url: str) -> None:
     migrate(db_url)
     engine = make_engine(db_url)
     store = Store(engine, retention_s=30 * 86400)
-    with TestClient(create_app(Settings(db_url=db_url), store)) as c:
+    with local_client(create_app(Settings(db_url=db_url), store)) as c:
         now = time.time()
         hour0 = now // 3600 * 3600  # the start of this clock hour: buckets are clock hours
 
@@ -180,13 +187,13 @@ def test_retention_thins_history_but_keeps_oom_events(db_url: str) -> None:
             json={"node": "n", "id": "exit-old", "event": {"event": "exit", "reason": "exit", "time": old}},
         )
     result = store.thin()
-    history = TestClient(create_app(Settings(db_url=db_url), store)).get("/api/v1/nodes/n").json()["history"]
+    history = local_client(create_app(Settings(db_url=db_url), store)).get("/api/v1/nodes/n").json()["history"]
     # The last hour stays whole; each older clock hour keeps one report (its first stored).
     assert [h["time"][:19] for h in history[-3:]] == [at(t)[:19] for t in sorted(recent_times)]
     assert len(history) == 3 + 3 and result["thinned_reports"] == 12 - 3
     short = Store(engine, retention_s=10 * 86400)  # a shorter retention drops old events, never OOM kills
     assert short.thin()["expired_events"] == 1
-    events = TestClient(create_app(Settings(db_url=db_url), short)).get("/api/v1/nodes/n").json()["events"]
+    events = local_client(create_app(Settings(db_url=db_url), short)).get("/api/v1/nodes/n").json()["events"]
     assert [e["reason"] for e in events] == ["oom-kill"]
 
 
@@ -234,14 +241,20 @@ def test_tokens(db_url: str) -> None:
             assert c.get(path).status_code == 401, path
             assert c.get(path, headers=AGENT_H).status_code == 401, path  # an agent cannot read
             assert c.get(path, headers=VIEWER_H).status_code == 200, path
-        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/healthz").json() == {"status": "ok", "database": "ok", "failing": {}}
         assert c.get("/openapi.json").json()["info"]["title"] == "oomguard manager"
 
 
-def test_non_loopback_needs_both_tokens() -> None:
+def test_non_loopback_needs_both_tokens_of_16_characters() -> None:
+    a, v = "a" * 16, "v" * 16
     with pytest.raises(UsageError, match=r"refusing to listen on 0\.0\.0\.0"):
-        Settings(host="0.0.0.0", agent_token="a").check()
-    Settings(host="0.0.0.0", agent_token="a", viewer_token="v").check()
+        Settings(host="0.0.0.0", agent_token=a).check()
+    Settings(host="0.0.0.0", agent_token=a, viewer_token=v).check()
+    with pytest.raises(UsageError, match=r"^--viewer-token: at least 16 characters off loopback \(got 15\)"):
+        Settings(host="0.0.0.0", agent_token=a, viewer_token="v" * 15).check()
+    with pytest.raises(UsageError, match=r"^--agent-token: only visible ASCII"):
+        Settings(host="0.0.0.0", agent_token=a + " x", viewer_token=v).check()
+    Settings(host="127.0.0.1", agent_token="a", viewer_token="v").check()  # loopback: any length
     Settings(host="127.0.0.1").check()
     Settings(host="::1").check()
 
@@ -273,8 +286,12 @@ def test_upgrade_from_the_first_revision_keeps_data(db_url: str) -> None:
             {"t": int(time.time() * 1000)},
         )
     migrate(db_url)
-    assert current_revision(engine) == "0003"
-    with TestClient(create_app(Settings(db_url=db_url))) as c:
+    from alembic.script import ScriptDirectory
+
+    from oomguard.manager.db import alembic_config
+
+    assert current_revision(engine) == ScriptDirectory.from_config(alembic_config(db_url)).get_current_head()
+    with local_client(create_app(Settings(db_url=db_url))) as c:
         node = c.get("/api/v1/nodes/old-node").json()
         assert node["effective_bytes"] == 100 and node["oom_kills_24h"] == 1
         assert node["history"] == [
@@ -361,7 +378,9 @@ def test_dashboard_pages_need_the_viewer_token(tmp_path: Path) -> None:
         assert bad.status_code == 200 and "not valid" in bad.text and "set-cookie" not in bad.headers
         ok = c.post("/login", content=f"token={VIEWER}&next=//evil.example/", follow_redirects=False)
         assert ok.status_code == 303 and ok.headers["location"] == "/"  # never off-site after login
-        assert "httponly" in ok.headers["set-cookie"].lower() and "samesite=strict" in ok.headers["set-cookie"].lower()
+        cookie = ok.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and "max-age=43200" in cookie
+        assert VIEWER.lower() not in cookie  # a signed session, not the token
         page = c.get("/nodes/n1")  # the cookie from /login
         assert page.status_code == 200 and "342 GiB" in page.text
         assert c.get("/api/v1/nodes/n1").status_code == 200  # the raw JSON link works with the cookie too
@@ -369,6 +388,27 @@ def test_dashboard_pages_need_the_viewer_token(tmp_path: Path) -> None:
         assert "server-timing" in page.headers and "script-src 'self'" in page.headers["content-security-policy"]
         fragment = c.get("/?fragment=1").text
         assert fragment.lstrip().startswith('<section class="cards">') and "<html" not in fragment
+
+
+def test_logout_revokes_the_session_and_the_raw_token_is_no_cookie(tmp_path: Path) -> None:
+    with make_client(f"sqlite:///{tmp_path / 'l.db'}") as c:
+        assert c.post("/login", content=f"token={VIEWER}", follow_redirects=False).status_code == 303
+        kept = c.cookies.get("oomguard_session")
+        assert kept and c.get("/api/v1/nodes").status_code == 200
+        confirm = c.get("/logout")  # a GET changes nothing: it offers the POST
+        assert confirm.status_code == 200 and 'action="/logout"' in confirm.text
+        assert c.get("/api/v1/nodes").status_code == 200
+        out = c.post("/logout", follow_redirects=False)
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+        c.cookies.clear()
+        c.cookies.set("oomguard_session", kept)  # a copy kept by whoever stole it
+        assert c.get("/api/v1/nodes").status_code == 401
+        assert c.get("/", follow_redirects=False).status_code == 303
+        c.cookies.clear()
+        c.cookies.set("oomguard_session", VIEWER)  # the raw token is no session
+        assert c.get("/api/v1/nodes").status_code == 401
+        c.cookies.set("oomguard_viewer", VIEWER)  # nor is the old cookie
+        assert c.get("/api/v1/nodes").status_code == 401
 
 
 def test_a_lost_database_is_503_not_500(tmp_path: Path) -> None:
@@ -409,7 +449,7 @@ def test_one_bearer_check_for_the_api_and_the_pages(tmp_path: Path) -> None:
     assert token_ok(None, None) and token_ok("t", "t") and token_ok("t", "ü") is False
     assert not token_ok("t", "") and not token_ok("t", None) and not token_ok("t", "T")
     with make_client(f"sqlite:///{tmp_path / 'b.db'}") as c:
-        c.cookies.set("oomguard_viewer", VIEWER)
+        assert c.post("/login", content=f"token={VIEWER}", follow_redirects=False).status_code == 303
         for path, refused in (("/api/v1/nodes", 401), ("/", 303)):  # one rule: a bearer header wins, else the cookie
             assert c.get(path, headers={"Authorization": "Basic eDp5"}).status_code == 200, path
             wrong = c.get(path, headers={"Authorization": "Bearer wrong"}, follow_redirects=False)

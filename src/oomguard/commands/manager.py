@@ -20,10 +20,14 @@ INSTALL_HINT = "pip install 'oomguard[manager]'"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
-        "%(prog)s [--db URL] [--host HOST] [--port PORT] [--agent-token T] [--viewer-token T] [--retention 30d]"
+        "%(prog)s [--db URL] [--host HOST] [--port PORT] [--agent-token T] [--viewer-token T] [--retention 30d]\n"
+        "       [--allowed-hosts NAMES] [--max-connections N] [--session-ttl 12h]"
     )
     parser.description = SUMMARY
-    parser.epilog = "Off loopback, both tokens are required. Tokens are compared in constant time.\n" + flags.DURATIONS
+    parser.epilog = (
+        "Off loopback, both tokens are required, of at least 16 characters. Tokens are compared in constant "
+        "time; whitespace around a token is stripped, with a warning.\n" + flags.DURATIONS
+    )
     flags.option(parser, "--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL")
     flags.option(parser, "--host", "address to listen on (default 127.0.0.1)", "HOST")
     flags.option(parser, "--port", "port (default 8080)", "PORT")
@@ -32,6 +36,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.option(parser, "--retention", "history kept (default 30d; OOM events are kept for ever)", "DURATION")
     flags.option(parser, "--interval", "the agents' report interval, for offline detection (default 30s)", "DURATION")
     flags.option(parser, "--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE")
+    flags.option(
+        parser,
+        "--allowed-hosts",
+        "Host header values accepted, comma-separated; *.example.com for subdomains, * for any "
+        "(default: the --host address and localhost; any for 0.0.0.0 or ::)",
+        "NAMES",
+    )
+    flags.option(
+        parser, "--max-connections", "open connections at most (default 1000); above it a request gets 503", "N"
+    )
+    flags.option(parser, "--session-ttl", "how long a dashboard login lasts (default 12h)", "DURATION")
 
 
 def execute(args: argparse.Namespace) -> int:

@@ -1,26 +1,41 @@
 """The HTTP API: agents POST reports and events (agent token); readers GET nodes, alerts and
-Prometheus metrics (viewer token); ``/healthz`` is open.
+Prometheus metrics (viewer token); ``/healthz`` is open and checks the database.
 
-Invalid JSON, a body that does not fit the models, or NaN/infinite numbers get 422, never 500.
+No client input gets a 5xx: a body that is not strict JSON is refused by the middleware
+(``oomguard.manager.bodies``), one that does not fit the models or the report's JSON Schema
+(``oomguard.manager.reportschema``) gets 422, and so does a query parameter out of its bounds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine, text
 
-from oomguard.manager.deps import StoreDep, require_agent, require_viewer
+from oomguard.manager import reportschema
+from oomguard.manager.deps import DB_FAILURES, StoreDep, db_read, db_write, require_agent, require_viewer
+from oomguard.manager.health import DatabaseUnavailable, DbHealth, classify
 from oomguard.manager.metrics import render_metrics
 from oomguard.manager.models import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
 from oomguard.manager.store import SORT_KEYS
 from oomguard.manager.times import parse_iso_ms
 
-TOO_LARGE: dict[int | str, dict[str, Any]] = {413: {"description": "body too large"}}
+HEALTH_TIMEOUT_S = 2.0
+NO_NUL = r"^[^\x00]*$"
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    408: {"description": "the body did not arrive in time"},
+    413: {"description": "body too large"},
+    429: {"description": "too many failed tokens from this client"},
+    503: {"description": "the database is unavailable; retry later (Retry-After)"},
+}
+SCHEMA_VERSION = reportschema.schema().get("properties", {}).get("schema_version", {}).get("const")
 
-ingest = APIRouter(prefix="/api/v1", dependencies=[Depends(require_agent)])
-reads = APIRouter(dependencies=[Depends(require_viewer)])
+ingest = APIRouter(prefix="/api/v1", dependencies=[Depends(require_agent)], responses=REFUSALS)
+reads = APIRouter(dependencies=[Depends(require_viewer)], responses=REFUSALS)
 health = APIRouter()
 
 
@@ -32,54 +47,96 @@ def _json(value: Any, what: str) -> str:
         raise HTTPException(422, f"the {what} contains NaN or infinite numbers") from None
 
 
-@ingest.post("/reports", response_model=Stored, responses=TOO_LARGE)
-async def post_report(body: ReportEnvelope, store: StoreDep) -> Stored:
-    report_json = _json(body.report.model_dump(), "report")  # python mode: NaN stays NaN, and is refused
-    stored = await store.ingest_report_async(body, report_json, parse_iso_ms(body.time))
+@ingest.post("/reports", response_model=Stored)
+async def post_report(request: Request, body: ReportEnvelope, store: StoreDep) -> Stored:
+    report = body.report.model_dump(exclude_unset=True)  # what the agent sent, no defaults added
+    if report.get("schema_version") == SCHEMA_VERSION:  # another version: a newer agent, kept as sent
+        problem = reportschema.problem(report)
+        if problem is not None:
+            raise HTTPException(422, f"the report does not fit its JSON Schema: {problem}")
+    report_json = _json(report, "report")
+    stored = await db_write(request, store.ingest_report_async(body, report_json, parse_iso_ms(body.time)))
     return Stored(stored=stored, id=body.id)
 
 
-@ingest.post("/events", response_model=Stored, responses=TOO_LARGE)
-async def post_event(body: EventEnvelope, store: StoreDep) -> Stored:
+@ingest.post("/events", response_model=Stored)
+async def post_event(request: Request, body: EventEnvelope, store: StoreDep) -> Stored:
     body_json = _json(body.event.model_dump(), "event")
-    return Stored(stored=await store.ingest_event_async(body, body_json), id=body.id)
+    return Stored(stored=await db_write(request, store.ingest_event_async(body, body_json)), id=body.id)
 
 
 @reads.get("/api/v1/nodes")
-def get_nodes(
+async def get_nodes(
     *,
+    request: Request,
     store: StoreDep,
     status: Annotated[str | None, Query(pattern="^(online|offline)$")] = None,
-    q: Annotated[str | None, Query(max_length=128)] = None,
+    q: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     sort: Annotated[str, Query(pattern="^-?(" + "|".join(SORT_KEYS) + ")$")] = "name",
 ) -> dict[str, Any]:
-    return store.list_nodes(status=status, q=q, limit=limit, offset=offset, sort=sort)
+    return await db_read(request, store.list_nodes, status=status, q=q, limit=limit, offset=offset, sort=sort)
 
 
 @reads.get("/api/v1/nodes/{name}")
-def get_node(store: StoreDep, name: Annotated[str, Path(pattern=NODE_PATTERN, max_length=128)]) -> dict[str, Any]:
-    detail = store.node_detail(name)
+async def get_node(
+    request: Request, store: StoreDep, name: Annotated[str, Path(pattern=NODE_PATTERN, max_length=128)]
+) -> dict[str, Any]:
+    detail = await db_read(request, store.node_detail, name)
     if detail is None:
         raise HTTPException(404, f"no node named {name!r}")
     return detail
 
 
 @reads.get("/api/v1/alerts")
-def get_alerts(store: StoreDep) -> dict[str, Any]:
-    return {"alerts": store.alerts()}
+async def get_alerts(request: Request, store: StoreDep) -> dict[str, Any]:
+    return {"alerts": await db_read(request, store.alerts)}
 
 
 @reads.get("/metrics", response_class=Response)
-def metrics(store: StoreDep) -> Response:
-    text, content_type = render_metrics(store.metric_rows())
-    return Response(text, media_type=content_type)
+async def metrics(request: Request, store: StoreDep) -> Response:
+    """Node series and the manager's own; the latter also while the database cannot be read."""
+    try:
+        rows: list[dict[str, Any]] | None = await db_read(request, store.metric_rows)
+    except DatabaseUnavailable:
+        rows = None
+    db_health: DbHealth = request.app.state.health
+    text_, content_type = render_metrics(rows, dict(db_health.errors))
+    return Response(text_, media_type=content_type)
 
 
-@health.get("/healthz")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+def _ping(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
+async def database_check(request: Request) -> str:
+    """``ok``, or the kind of failure of a ``SELECT 1`` within HEALTH_TIMEOUT_S. One check at a
+    time: while a check hangs (a stopped server), later ones wait on it rather than pile up."""
+    state = request.app.state
+    probe = getattr(state, "ping", None)
+    if probe is None or probe.done():
+        probe = state.ping = asyncio.get_running_loop().run_in_executor(None, _ping, state.store.engine)
+    try:
+        await asyncio.wait_for(asyncio.shield(probe), HEALTH_TIMEOUT_S)
+    except DB_FAILURES as exc:
+        return classify(exc)
+    return "ok"
+
+
+@health.get("/healthz", responses={503: {"description": "the database cannot be read or written"}})
+async def healthz(request: Request) -> JSONResponse:
+    """200 when the database answers and no write episode is open; else 503 with the cause."""
+    database = await database_check(request)
+    db_health: DbHealth = request.app.state.health
+    if database == "ok":
+        db_health.success("reads")  # this check was a read that worked
+    failing = db_health.failing()
+    if database != "ok":
+        failing["reads"] = database
+    body = {"status": "ok" if not failing else "unavailable", "database": database, "failing": failing}
+    return JSONResponse(body, status_code=200 if not failing else 503)
 
 
 routers = (ingest, reads, health)

@@ -91,10 +91,20 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, timeout_s: float = 5.0) -> Engine:
+    """An engine whose waits are bounded by *timeout_s*, so a stuck database becomes a fast 503.
+
+    - SQLite: the busy timeout (``PRAGMA busy_timeout``, https://sqlite.org/pragma.html#pragma_busy_timeout);
+      a connection that SQLite opened read-only (the file was not writable then) is dropped on its
+      first SQLITE_READONLY error, so the next write opens the file again (``_reopen_read_only``).
+    - PostgreSQL: libpq's ``connect_timeout`` (seconds, at least 2: PostgreSQL docs, "Parameter Key
+      Words"), ``statement_timeout`` and ``lock_timeout`` for every statement (docs, "Client Connection
+      Defaults"), and SQLAlchemy's ``pool_timeout`` for a free connection.
+    """
     url = normalize_url(url)
+    ms = max(int(timeout_s * 1000), 1)
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(url, connect_args={"timeout": timeout_s, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -102,11 +112,27 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=FULL")  # a 2xx means the report survives a crash
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={ms}")
             cur.close()
 
+        event.listen(engine, "handle_error", _reopen_read_only)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    connect_args = {
+        "connect_timeout": max(2, round(timeout_s)),
+        "options": f"-c statement_timeout={ms} -c lock_timeout={ms}",
+    }
+    return create_engine(
+        url, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_timeout=timeout_s, connect_args=connect_args
+    )
+
+
+def _reopen_read_only(context: Any) -> None:
+    """SQLITE_READONLY (https://sqlite.org/rescode.html#readonly): treat it as a lost connection,
+    which makes SQLAlchemy drop it and the pool's others; the next use opens the file anew and
+    writes once the file is writable again (a handle opened read-only stays read-only)."""
+    orig = getattr(context, "original_exception", None)
+    if orig is not None and "readonly database" in str(orig).lower():
+        context.is_disconnect = True
 
 
 def alembic_config(url: str) -> Any:

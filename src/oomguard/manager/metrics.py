@@ -1,4 +1,11 @@
-"""Prometheus text exposition of every node's numbers (prometheus_client does the format)."""
+"""Prometheus text exposition of every node's numbers and of the manager's own health
+(prometheus_client does the format).
+
+``oomguard_manager_db_errors_total{kind}`` counts the requests answered 503 because of the
+database, by kind (``oomguard.manager.health.KINDS``; every kind is present from the start, at 0,
+so a rate() over it works before the first failure). When the database cannot be read, /metrics
+still answers with these (and ``oomguard_manager_database_up 0``), without the node series.
+"""
 
 from __future__ import annotations
 
@@ -50,7 +57,29 @@ class _Nodes:
         yield up
 
 
-def render_metrics(rows: list[dict[str, Any]]) -> tuple[bytes, str]:
+class _Manager:
+    def __init__(self, db_errors: dict[str, int], db_up: bool) -> None:
+        self.db_errors = db_errors
+        self.db_up = db_up
+
+    def collect(self) -> Iterator[Metric]:
+        errors = CounterMetricFamily(
+            "oomguard_manager_db_errors",
+            "Requests answered 503 because of the database, by kind of failure.",
+            labels=["kind"],
+        )
+        for kind, count in self.db_errors.items():
+            errors.add_metric([kind], float(count))
+        yield errors
+        yield GaugeMetricFamily(
+            "oomguard_manager_database_up", "1 when this scrape could read the database.", value=float(self.db_up)
+        )
+
+
+def render_metrics(rows: list[dict[str, Any]] | None, db_errors: dict[str, int]) -> tuple[bytes, str]:
+    """The exposition: node series from *rows* (None: the database could not be read) and the manager's own."""
     registry = CollectorRegistry()
-    registry.register(_Nodes(rows))
+    if rows is not None:
+        registry.register(_Nodes(rows))
+    registry.register(_Manager(db_errors, rows is not None))
     return generate_latest(registry), CONTENT_TYPE_LATEST

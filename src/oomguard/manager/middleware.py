@@ -1,17 +1,27 @@
-"""ASGI middleware: a cap on request bodies, and the security headers every answer carries.
+"""ASGI middleware: the Host allow-list, a cap and a deadline on request bodies, strict JSON for
+the API, and the security headers every answer carries.
 
-Bodies over ``max_body`` get 413 after being read and discarded up to a bound (so the client
-sees a status, not a connection reset). The Content-Security-Policy forbids inline script and
-style, and anything from another origin.
+- ``AllowedHosts``: a Host header outside ``--allowed-hosts`` gets 400 (a DNS-rebinding page
+  names its own host, so it cannot reach a manager on loopback).
+- ``BodyLimit``: bodies over ``max_body`` get 413 after being read and discarded up to a bound
+  (so the client sees a status, not a connection reset); a body not received within
+  ``body_timeout_s`` gets 408 and the connection is closed (a client that trickles its body
+  cannot hold it open); an API body that is not strict JSON (``oomguard.manager.bodies``) gets 422
+  before any route or validator sees it.
+- ``Headers``: the Content-Security-Policy forbids inline script and style, and anything from
+  another origin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
+
+from oomguard.manager.bodies import parse_strict
 
 DRAIN_FACTOR = 16  # read at most this many times the cap before answering 413
 CSP = (
@@ -21,14 +31,56 @@ CSP = (
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]
 
 
-async def _read_capped(receive: Receive, cap: int) -> tuple[bytes, bool] | None:
-    """The body and whether it went over *cap* (read on up to DRAIN_FACTOR x cap); None if the client left."""
+def host_name(header: str) -> str:
+    """The host of a Host header value: lower case, without port, brackets or a trailing dot."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
+
+
+class AllowedHosts:
+    """400 for a Host header not in the list (``*`` allows any, ``*.example.com`` its subdomains)."""
+
+    def __init__(self, app: Any, hosts: Sequence[str]) -> None:
+        self.app = app
+        self.any = "*" in hosts
+        self.exact = {host_name(h) for h in hosts if not h.startswith("*")}
+        self.suffixes = tuple(h[1:].lower() for h in hosts if h.startswith("*."))
+
+    def allowed(self, header: str) -> bool:
+        name = host_name(header)
+        return bool(name) and (name in self.exact or (bool(self.suffixes) and name.endswith(self.suffixes)))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.any:
+            await self.app(scope, receive, send)
+            return
+        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        if self.allowed(header):
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse({"detail": "this Host is not allowed (see --allowed-hosts)"}, status_code=400)
+        await response(scope, receive, send)
+
+
+async def _read_capped(receive: Receive, cap: int, timeout_s: float) -> tuple[bytes, bool] | str | None:
+    """The body and whether it went over *cap* (read on up to DRAIN_FACTOR x cap); None if the
+    client left; ``"timeout"`` when the whole body did not arrive within *timeout_s*."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     chunks: list[bytes] = []
     size, more, too_big = 0, True, False
     while more:
-        message = await receive()
+        try:
+            message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.001))
+        except asyncio.TimeoutError:
+            return "timeout"
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
@@ -44,25 +96,41 @@ async def _read_capped(receive: Receive, cap: int) -> tuple[bytes, bool] | None:
 
 
 class BodyLimit:
-    """Buffer the body up to the cap; answer 413 beyond it."""
+    """Buffer the body up to the cap, within the deadline; 413, 408 or (API) 422 when it does not do."""
 
-    def __init__(self, app: Any, max_body: int) -> None:
+    def __init__(self, app: Any, max_body: int, body_timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_body = max_body
+        self.body_timeout_s = body_timeout_s
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+    def _refusal(self, scope: Scope, read: tuple[bytes, bool] | str) -> JSONResponse | None:
+        close = {"Connection": "close"}
+        if read == "timeout":
+            detail = f"the request body did not arrive within {self.body_timeout_s:g}s"
+            return JSONResponse({"detail": detail}, status_code=408, headers=close)
+        assert isinstance(read, tuple)
+        body, too_big = read
+        if too_big:
+            return JSONResponse({"detail": f"request body over {self.max_body} bytes"}, status_code=413, headers=close)
+        if str(scope.get("path", "")).startswith("/api/") and body:
+            problem = parse_strict(body)[1]
+            if problem:
+                return JSONResponse({"detail": problem}, status_code=422)
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
-        read = await _read_capped(receive, self.max_body)
+        read = await _read_capped(receive, self.max_body, self.body_timeout_s)
         if read is None:
             return
-        body, too_big = read
-        if too_big:
-            detail = {"detail": f"request body over {self.max_body} bytes"}
-            response = JSONResponse(detail, status_code=413, headers={"Connection": "close"})
-            await response(scope, receive, send)
+        refusal = self._refusal(scope, read)
+        if refusal is not None:
+            await refusal(scope, receive, send)
             return
+        assert isinstance(read, tuple)
+        body = read[0]
         sent = False
 
         async def replay() -> MutableMapping[str, Any]:

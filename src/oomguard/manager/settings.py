@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 
 from oomguard.errors import UsageError
+from oomguard.manager.redact import mask_url
 from oomguard.units import MiB
 
 DEFAULT_DB = "sqlite:///oomguard.db"
+DB_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
+MIN_TOKEN = 16  # characters, off loopback: `openssl rand -hex 32` gives 64
+WILDCARDS = ("0.0.0.0", "::", "")
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+_HOST_ENTRY = re.compile(r"^(\*|(\*\.)?[A-Za-z0-9_.:-]{1,253}|\[[0-9A-Fa-f:.]+\])$")
+_TOKEN = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: what an Authorization header can carry as is
 
 
 def is_loopback(host: str) -> bool:
@@ -24,6 +32,12 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+def db_scheme(url: str) -> str | None:
+    """The scheme of a database URL (``sqlite``, ``postgresql``, ...), None when it is no URL."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    return m[1].lower() if m else None
+
+
 @dataclass
 class Settings:
     db_url: str = DEFAULT_DB
@@ -35,16 +49,66 @@ class Settings:
     interval_s: float = 30.0  # the agents' default interval, for offline detection
     max_body: int = MiB
     thin_every_s: float = 600.0
+    allowed_hosts: tuple[str, ...] | None = None  # None: the bind address and localhost (``hosts()``)
+    max_connections: int = 1000  # above it, a request gets 503 at once (uvicorn's limit_concurrency)
+    db_timeout_s: float = 5.0  # statement, lock and pool waits; SQLite's busy timeout
+    request_timeout_s: float = 8.0  # a request's whole wait on the database, under the agents' 10 s
+    header_timeout_s: float = 10.0  # a connection must send its request's headers within this
+    body_timeout_s: float = 30.0  # ... and its body within this
+    session_ttl_s: float = 12 * 3600.0  # the dashboard's login
+    login_burst: int = 10  # failed logins or bearer tokens per client before 429 ...
+    login_refill_s: float = 6.0  # ... and one more allowed every this many seconds
+
+    def hosts(self) -> tuple[str, ...]:
+        """The Host header values accepted: ``--allowed-hosts``, else the bind address and localhost;
+        any Host for a wildcard bind (tokens are required there, so a rebound name gains nothing)."""
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        if self.host in WILDCARDS:
+            return ("*",)
+        return tuple(dict.fromkeys((self.host.lower(), *LOCAL_NAMES)))
+
+    def masked_db(self) -> str:
+        return mask_url(self.db_url)
 
     def check(self) -> None:
-        if not is_loopback(self.host) and not (self.agent_token and self.viewer_token):
+        self._check_db()
+        loopback = is_loopback(self.host)
+        if not loopback and not (self.agent_token and self.viewer_token):
             raise UsageError(
                 f"manager: refusing to listen on {self.host}, which is not a loopback address, without both "
                 "--agent-token and --viewer-token (or OOMGUARD_AGENT_TOKEN / OOMGUARD_VIEWER_TOKEN)"
             )
+        for flag, token in (("--agent-token", self.agent_token), ("--viewer-token", self.viewer_token)):
+            self._check_token(flag, token, loopback)
         if self.agent_token is not None and self.agent_token == self.viewer_token:
             raise UsageError("manager: --agent-token and --viewer-token must differ")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port: must be 1 to 65535, got {self.port}")
         if self.max_body < 1024:
             raise UsageError("--max-body: must be at least 1 KiB")
+        if not 8 <= self.max_connections <= 1_000_000:
+            raise UsageError(f"--max-connections: must be 8 to 1000000, got {self.max_connections}")
+        for entry in self.allowed_hosts or ():
+            if not _HOST_ENTRY.match(entry):
+                raise UsageError(f"--allowed-hosts: {entry!r} is not a host name, an address or *")
+
+    def _check_db(self) -> None:
+        scheme = db_scheme(self.db_url)
+        if scheme not in DB_SCHEMES:
+            what = f"scheme {scheme!r}" if scheme else f"URL {mask_url(self.db_url)!r}"
+            raise UsageError(
+                f"--db: unsupported database {what}: use sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+            )
+
+    @staticmethod
+    def _check_token(flag: str, token: str | None, loopback: bool) -> None:
+        if token is None:
+            return
+        if not _TOKEN.match(token):
+            raise UsageError(f"{flag}: only visible ASCII characters, no spaces")
+        if not loopback and len(token) < MIN_TOKEN:
+            raise UsageError(
+                f"{flag}: at least {MIN_TOKEN} characters off loopback (got {len(token)}); "
+                "make one with: openssl rand -hex 32"
+            )

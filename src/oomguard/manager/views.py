@@ -1,7 +1,12 @@
 """The dashboard: server-rendered pages (Jinja2, autoescaped), a stylesheet and one small script.
 
-Pages need the viewer token, from the ``Authorization`` header or the ``oomguard_viewer`` cookie
-that ``/login`` sets (HttpOnly, SameSite=Strict); without it they redirect to ``/login``.
+Pages need the viewer token, from the ``Authorization`` header, or the session cookie that
+``/login`` sets (HttpOnly, SameSite=Strict, signed, with an expiry: ``oomguard.manager.sessions``);
+without it they redirect to ``/login``. ``POST /logout`` revokes the session; ``GET /logout``
+asks for that POST.
+
+Templates only meet checked types: the latest report goes through the report's JSON Schema
+(``reportschema.conform_report``) first, and the filters turn anything unexpected into "-".
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from oomguard.manager.chart import memory_chart
-from oomguard.manager.deps import COOKIE, SettingsDep, StoreDep, token_ok, viewer_ok
+from oomguard.manager.deps import SettingsDep, StoreDep, checked, client_of, db_read, token_ok, viewer_ok
 from oomguard.manager.models import NODE_PATTERN
+from oomguard.manager.reportschema import conform_report
+from oomguard.manager.sessions import COOKIE, FailureLimiter, Sessions
 from oomguard.manager.store import SORT_KEYS
 from oomguard.manager.times import parse_iso_ms
 from oomguard.units import format_size
@@ -57,11 +64,10 @@ async def login_redirect(request: Request, exc: Exception) -> Response:
 
 def require_viewer_page(
     request: Request,
-    settings: SettingsDep,
     authorization: Annotated[str | None, Header()] = None,
-    oomguard_viewer: Annotated[str | None, Cookie()] = None,
+    oomguard_session: Annotated[str | None, Cookie(alias=COOKIE)] = None,
 ) -> None:
-    if not viewer_ok(settings, authorization, oomguard_viewer):
+    if not viewer_ok(request, authorization, oomguard_session):
         raise LoginRequired(request.url.path + ("?" + request.url.query if request.url.query else ""))
 
 
@@ -77,7 +83,10 @@ def _ago(iso: str | None) -> str:
 
 
 def _size(n: Any) -> str:
-    return format_size(n) if isinstance(n, int) else "-"
+    """A size in binary units; "-" for anything that is not a byte count (never raises)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 2**63:
+        return "-"
+    return format_size(n)
 
 
 def _env() -> Environment:
@@ -97,33 +106,42 @@ pages = APIRouter(include_in_schema=False, dependencies=[Depends(require_viewer_
 login_pages = APIRouter(include_in_schema=False)
 
 
+def refresh_seconds(text: str | None) -> int:
+    """``?refresh=``: 1 to 3600 seconds; 15 for anything else (ASCII digits only: "²" is no number)."""
+    if text is None or not re.fullmatch(r"[0-9]{1,5}", text):
+        return 15
+    return min(max(int(text), 1), 3600)
+
+
 def _render(request: Request, template_name: str, http_status: int = 200, **context: Any) -> Response:
     """A page, or with ``?fragment=1`` its changing part only (the script's refresh)."""
     fragment = request.query_params.get("fragment") == "1"
-    refresh = request.query_params.get("refresh", "15")
-    context["refresh"] = min(max(int(refresh), 1), 3600) if refresh.isdigit() else 15
+    context["refresh"] = refresh_seconds(request.query_params.get("refresh"))
     body = TEMPLATES.get_template(template_name).render(fragment=fragment, **context)
     return HTMLResponse(body, status_code=http_status)
 
 
 @pages.get("/", response_class=HTMLResponse)
-def index(
-    *, request: Request, store: StoreDep, q: str = "", status: str = "", sort: str = "name", offset: int = 0
+async def index(
+    *, request: Request, store: StoreDep, q: str = "", status: str = "", sort: str = "name", offset: str = "0"
 ) -> Response:
-    q = q[:128]
+    q = q.replace("\x00", "")[:128]  # PostgreSQL text cannot hold NUL
     status = status if status in ("online", "offline") else ""
     sort = sort if sort.lstrip("-") in SORT_KEYS else "name"
-    offset = max(0, min(offset, 10_000_000))
-    listing = store.list_nodes(status=status or None, q=q or None, limit=PAGE_SIZE, offset=offset, sort=sort)
-    alerts = store.alerts()
-    current: dict[str, Any] = {"q": q, "status": status, "sort": sort, "offset": offset}
+    start = min(int(offset), 10_000_000) if re.fullmatch(r"[0-9]{1,9}", offset) else 0
+    listing = await db_read(
+        request, store.list_nodes, status=status or None, q=q or None, limit=PAGE_SIZE, offset=start, sort=sort
+    )
+    alerts = await db_read(request, store.alerts)
+    summary = await db_read(request, store.summary)
+    current: dict[str, Any] = {"q": q, "status": status, "sort": sort, "offset": start}
     return _render(
         request,
         "index.html",
         listing=listing,
         alerts=alerts[:50],
         alert_count=len(alerts),
-        summary=store.summary(),
+        summary=summary,
         page_size=PAGE_SIZE,
         columns=COLUMNS,
         query=lambda **kw: _query(current, kw),
@@ -132,29 +150,49 @@ def index(
 
 
 @pages.get("/nodes/{name}", response_class=HTMLResponse)
-def node_page(request: Request, store: StoreDep, name: str) -> Response:
-    detail = store.node_detail(name) if re.fullmatch(NODE_PATTERN.strip("^$"), name) and len(name) <= 128 else None
+async def node_page(request: Request, store: StoreDep, name: str) -> Response:
+    valid = re.fullmatch(NODE_PATTERN.strip("^$"), name) is not None and len(name) <= 128
+    detail = await db_read(request, store.node_detail, name) if valid else None
     if detail is None:
-        return _render(request, "missing.html", http_status=404, name=name)
+        return _render(request, "missing.html", http_status=404, name=name[:128])
     chart = Markup(memory_chart(detail["history"]))  # built from numbers; its labels are escaped
-    return _render(request, "node.html", node=detail, chart=chart, report=detail["latest"] or {})
+    return _render(request, "node.html", node=detail, chart=chart, report=conform_report(detail["latest"]))
+
+
+def _login_page(target: str, error: str | None = None, http_status: int = 200, retry_after: int = 0) -> Response:
+    body = TEMPLATES.get_template("login.html").render(next=target, error=error, logout=False)
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
+    return HTMLResponse(body, status_code=http_status, headers=headers)
 
 
 @login_pages.get("/login", response_class=HTMLResponse)
 def login_form(next: str = "/") -> Response:
-    return HTMLResponse(TEMPLATES.get_template("login.html").render(next=_safe_next(next), error=None))
+    return _login_page(_safe_next(next))
 
 
 @login_pages.post("/login")
 async def login(request: Request, settings: SettingsDep) -> Response:
+    """The viewer token in, a signed session cookie out; failed tokens count against the client."""
     form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
-    token = (form.get("token") or [""])[0]
+    token = (form.get("token") or [""])[0].strip()
     target = _safe_next((form.get("next") or ["/"])[0])
-    if not token_ok(settings.viewer_token, token):
-        body = TEMPLATES.get_template("login.html").render(next=target, error="That token is not valid.")
-        return HTMLResponse(body)  # the form again, with the error: no cookie is set
+    limiter: FailureLimiter = request.app.state.limiter
+    wait = limiter.retry_after(client_of(request))
+    if wait:
+        return _login_page(target, f"Too many failed attempts; try again in {wait} s.", 429, wait)
+    if not checked(request, lambda: token_ok(settings.viewer_token, token)):
+        return _login_page(target, "That token is not valid.")  # the form again: no cookie is set
+    sessions: Sessions = request.app.state.sessions
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/", secure=request.url.scheme == "https")
+    response.set_cookie(
+        COOKIE,
+        sessions.issue(),
+        max_age=int(sessions.ttl_s),
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 
@@ -163,10 +201,19 @@ def favicon() -> Response:  # browsers ask for it on every page, the raw JSON in
     return Response(status_code=204)
 
 
-@login_pages.get("/logout")
-def logout() -> Response:
+@login_pages.get("/logout", response_class=HTMLResponse)
+def logout_form() -> Response:
+    """A link cannot end a session (a GET must change nothing): this page asks for the POST."""
+    return HTMLResponse(TEMPLATES.get_template("login.html").render(next="/", error=None, logout=True))
+
+
+@login_pages.post("/logout")
+def logout(request: Request, oomguard_session: Annotated[str | None, Cookie(alias=COOKIE)] = None) -> Response:
+    """Revoke the session (its cookie is refused from now on, even if kept) and clear the cookie."""
+    sessions: Sessions = request.app.state.sessions
+    sessions.revoke(oomguard_session)
     response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(COOKIE, path="/")
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return response
 
 

@@ -1,0 +1,804 @@
+"""The manager under a hostile client and a bad day (issue 13), on real SQLite, real PostgreSQL and
+real sockets: no 5xx for any input, secrets masked, no single client can stop it, safer defaults,
+and every database failure seen (logged once, counted, in /healthz)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from oomguard.manager.app import create_app
+from oomguard.manager.db import make_engine, migrate
+from oomguard.manager.settings import Settings
+from tests.manager_helpers import (
+    AGENT,
+    AGENT_H,
+    VIEWER,
+    VIEWER_H,
+    ManagerProcess,
+    envelope,
+    fixture_report,
+    local_client,
+    shared_pg,
+)
+from tests.pg import PostgresServer
+
+REPORTS = "/api/v1/reports"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'oomguard.db'}"
+    try:
+        server = shared_pg()
+    except RuntimeError as why:
+        print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
+        pytest.skip(str(why))
+    return server.create_db("h_" + uuid.uuid4().hex[:12])
+
+
+def client_for(db_url: str, **settings: Any) -> TestClient:
+    migrate(db_url)
+    base: dict[str, Any] = {"db_url": db_url, "agent_token": AGENT, "viewer_token": VIEWER}
+    client: TestClient = local_client(create_app(Settings(**{**base, **settings})))
+    return client
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[TestClient]:
+    with client_for(db_url) as c:
+        yield c
+
+
+def raw_post(c: TestClient, body: str | bytes, path: str = REPORTS) -> Any:
+    return c.post(path, content=body, headers={**AGENT_H, "Content-Type": "application/json"})
+
+
+def pages_up(c: TestClient, node: str) -> None:
+    for path in ("/", f"/nodes/{node}", f"/api/v1/nodes/{node}", "/api/v1/nodes", "/metrics", "/api/v1/alerts"):
+        r = c.get(path, headers=VIEWER_H)
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+
+
+# -- 1. no 5xx for any client input ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {}}, "interval_s": NaN}',
+        '{"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {"effective_bytes": Infinity}}}',
+        '{"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {}}, "interval_s": -Infinity}',
+        b'{"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {}, "root": "\xff"}}',
+    ],
+)
+def test_nan_infinity_and_bad_utf8_are_422_with_a_json_answer(client: TestClient, body: str | bytes) -> None:
+    r = raw_post(client, body)
+    assert r.status_code == 422 and isinstance(r.json()["detail"], str | list), r.text
+
+
+def test_deep_nesting_is_refused_and_32_levels_pass(client: TestClient) -> None:
+    for depth, status in ((255, 422), (100_000, 422), (29, 200), (30, 422)):  # envelope, report, memory: 3
+        report = fixture_report()
+        report["memory"]["extra"] = "NEST"
+        body = json.dumps(envelope("deep", report)).replace('"NEST"', "[" * depth + "1" + "]" * depth)
+        r = raw_post(client, body)
+        assert r.status_code == status, (depth, r.text[:200])
+    pages_up(client, "deep")
+
+
+def test_the_report_is_checked_against_its_json_schema(client: TestClient) -> None:
+    bad = fixture_report()
+    bad["container"]["evidence"] = 5  # a number where the schema says a list of strings
+    r = raw_post(client, json.dumps(envelope("typed", bad)))
+    assert r.status_code == 422 and "report.container.evidence" in r.text
+    huge = fixture_report()
+    huge["memory"]["soft_limit_bytes"] = int("9" * 401)
+    assert raw_post(client, json.dumps(envelope("typed", huge))).status_code == 422
+    newer = fixture_report()
+    newer["memory"]["a_field_from_a_newer_agent"] = {"x": 1}  # unknown fields pass (a mixed fleet)
+    del newer["cpu"]  # so do missing ones (an older agent)
+    assert raw_post(client, json.dumps(envelope("typed", newer))).status_code == 200
+    pages_up(client, "typed")
+
+
+def test_pages_render_a_stored_report_whatever_its_types(db_url: str) -> None:
+    """Rows stored before the schema check: the node page and the API still answer 200."""
+    with client_for(db_url) as c:
+        assert raw_post(c, json.dumps(envelope("old", fixture_report()))).status_code == 200
+        stored = fixture_report()
+        stored["container"]["evidence"] = 5
+        stored["memory"]["soft_limit_bytes"] = int("9" * 401)
+        stored["memory"]["cgroup"] = "not an object"
+        stored["gpus"] = [{"index": "zero", "name": 7}]
+        with make_engine(db_url).begin() as conn:
+            conn.execute(text("UPDATE nodes SET latest_report = :r"), {"r": json.dumps(stored)})
+        page = c.get("/nodes/old", headers=VIEWER_H)
+        assert page.status_code == 200 and "342 GiB" in page.text
+        pages_up(c, "old")
+
+
+def test_query_parameters_are_validated(client: TestClient) -> None:
+    assert raw_post(client, json.dumps(envelope("q-node", fixture_report()))).status_code == 200
+    for path in ("/?refresh=²", "/nodes/q-node?refresh=²", "/?refresh=99999999999", "/?offset=abc", "/?offset=-5"):
+        assert client.get(path, headers=VIEWER_H).status_code == 200, path
+    assert client.get("/?q=%00", headers=VIEWER_H).status_code == 200  # the page drops the NUL
+    assert client.get("/api/v1/nodes?q=%00", headers=VIEWER_H).status_code == 422
+    assert client.get("/api/v1/nodes?q=ab%00cd", headers=VIEWER_H).status_code == 422
+    assert client.get("/api/v1/nodes/a%00b", headers=VIEWER_H).status_code == 422
+
+
+def test_nul_bytes_never_reach_the_database(client: TestClient) -> None:
+    event = {"node": "n", "id": "e-nul", "event": {"event": "exit", "time": "2026-11-30T19:37:18\u0000Z"}}
+    r = raw_post(client, json.dumps(event), "/api/v1/events")
+    assert r.status_code == 422 and "NUL" in r.text
+    report = fixture_report()
+    report["warnings"].append({"code": "x", "message": "a\u0000b"})
+    assert raw_post(client, json.dumps(envelope("n", report))).status_code == 422
+    assert (
+        raw_post(
+            client, '{"node": "n", "id": "x", "report": {"schema_version": 1, "memory": {}, "k\\u0000": 1}}'
+        ).status_code
+        == 422
+    )
+
+
+def test_a_refusal_never_echoes_the_input(client: TestClient) -> None:
+    secret = "leak-" + "z" * 50
+    r = raw_post(client, json.dumps({"node": secret + " bad", "id": "x", "report": {}}))
+    assert r.status_code == 422 and secret not in r.text
+    assert all(set(e) == {"loc", "msg", "type"} for e in r.json()["detail"])
+
+
+# -- 4. no secret in messages ----------------------------------------------------------------
+
+
+def test_urls_and_secrets_are_masked() -> None:
+    from oomguard.manager.redact import Redactor, mask_url, url_secrets
+
+    assert mask_url("postgresql://u:p%40ss@db:5432/x?sslmode=require") == "postgresql://u:***@db:5432/x?sslmode=require"
+    assert mask_url("postgresql://db/x?user=u&password=hunter2&x=1") == "postgresql://db/x?user=u&password=***&x=1"
+    assert mask_url("sqlite:////var/lib/oomguard.db") == "sqlite:////var/lib/oomguard.db"
+    assert set(url_secrets("postgresql://u:p%40ss@db/x")) == {"p%40ss", "p@ss"}
+    redact = Redactor(["tok-" + "1" * 20, *url_secrets("postgresql://u:p%40ss@db/x")])
+    line = redact(f"failed for p@ss and tok-{'1' * 20} at postgresql://other:pw@h/d")
+    assert "p@ss" not in line and "1" * 20 not in line and ":pw@" not in line and line.count("***") == 3
+
+
+def test_the_cli_masks_the_password_in_its_errors_and_start_line(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    cmd = [sys.executable, "-m", "oomguard", "manager", "--port", "1"]
+    bad = subprocess.run(
+        [*cmd, "--db", "postgresql://u:hunter2-secret@127.0.0.1:1/x"], capture_output=True, text=True, env=env
+    )
+    assert bad.returncode == 2 and "hunter2" not in bad.stderr and "u:***@127.0.0.1:1/x" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    scheme = subprocess.run([*cmd, "--db", "mysql://u:hunter2-secret@h/db"], capture_output=True, text=True, env=env)
+    assert scheme.returncode == 2 and "hunter2" not in scheme.stderr
+    assert scheme.stderr.strip() == (
+        "oomguard: error: --db: unsupported database scheme 'mysql': use sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+    )
+
+
+def test_a_database_failure_log_masks_the_password(caplog: pytest.LogCaptureFixture) -> None:
+    from oomguard.manager.health import DbHealth
+    from oomguard.manager.redact import Redactor
+
+    health = DbHealth(Redactor(["hunter2-secret"]))
+    with caplog.at_level("ERROR", logger="oomguard.manager.database"):
+        health.failure("reads", OSError("could not connect to postgresql://u:hunter2-secret@db/x: refused"))
+    assert caplog.records and "hunter2" not in caplog.text and "u:***@db/x" in caplog.text
+
+
+# -- 6. safer defaults -----------------------------------------------------------------------
+
+
+def test_the_host_allow_list(tmp_path: Path) -> None:
+    assert Settings(host="127.0.0.1").hosts() == ("127.0.0.1", "localhost", "::1")
+    assert Settings(host="10.0.0.5").hosts() == ("10.0.0.5", "localhost", "127.0.0.1", "::1")
+    assert Settings(host="0.0.0.0").hosts() == ("*",)  # any address: tokens are required there
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    with client_for(url) as c:
+        for host, status in (
+            ("localhost", 200),
+            ("localhost:8080", 200),
+            ("127.0.0.1:8080", 200),
+            ("[::1]:8080", 200),
+            ("LOCALHOST.", 200),
+            ("evil.example", 400),
+            ("evil.example:8080", 400),
+            ("", 400),
+            ("127.0.0.1.evil.example", 400),
+        ):
+            assert c.get("/healthz", headers={"Host": host}).status_code == status, host
+    with client_for(url, host="0.0.0.0", allowed_hosts=("oomguard.example.com", "*.corp.example")) as c:
+        for host, status in (("oomguard.example.com", 200), ("a.corp.example:443", 200), ("corp.example", 400)):
+            assert c.get("/healthz", headers={"Host": host}).status_code == status, host
+
+
+def test_guessing_tokens_is_limited_per_client(tmp_path: Path) -> None:
+    with client_for(f"sqlite:///{tmp_path / 'g.db'}", login_burst=5, login_refill_s=60) as c:
+        for _ in range(5):
+            assert c.post("/login", content="token=nope").status_code == 200
+        limited = c.post("/login", content=f"token={VIEWER}", follow_redirects=False)
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0  # even the right token
+        assert "try again in" in limited.text and "set-cookie" not in limited.headers
+        assert c.get("/api/v1/nodes", headers=VIEWER_H).status_code == 429  # bearer guesses: the same bucket
+        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 429
+    with client_for(f"sqlite:///{tmp_path / 'g2.db'}", login_burst=3, login_refill_s=60) as c:
+        for _ in range(3):
+            assert c.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 429
+        assert c.get("/healthz").status_code == 200  # open paths stay open
+
+
+def test_sessions_are_signed_and_expire() -> None:
+    from oomguard.manager.sessions import FailureLimiter, Sessions
+
+    s = Sessions("v" * 20, ttl_s=60)
+    cookie = s.issue(now=1000.0)
+    assert s.valid(cookie, now=1059.0) and not s.valid(cookie, now=1061.0)
+    sid, expiry, mac = cookie.split(".")
+    assert not s.valid(f"{sid}.{int(expiry) + 3600}.{mac}", now=1000.0)  # a later expiry breaks the MAC
+    assert not s.valid(f"{sid}x.{expiry}.{mac}", now=1000.0)
+    assert not Sessions("w" * 20, ttl_s=60).valid(cookie, now=1000.0)  # a new viewer token ends all sessions
+    assert Sessions("v" * 20, ttl_s=60).valid(cookie, now=1000.0)  # a replica with the same token accepts it
+    for junk in (None, "", "a.b", "a.b.c", "a.99999999999999.c", "a.١٢.c"):
+        assert not s.valid(junk, now=1000.0)
+    assert s.revoke(cookie, now=1000.0) and not s.valid(cookie, now=1000.0)
+    limiter = FailureLimiter(burst=2, refill_s=10)
+    limiter.failed("a", now=0)
+    limiter.failed("a", now=0)
+    assert limiter.retry_after("a", now=0) == 10 and limiter.retry_after("b", now=0) == 0
+    assert limiter.retry_after("a", now=10) == 0
+
+
+def test_tokens_from_the_environment_are_stripped_with_a_warning(tmp_path: Path) -> None:
+    server = ManagerProcess(
+        f"sqlite:///{tmp_path / 'e.db'}",
+        tokens=False,
+        env={"OOMGUARD_AGENT_TOKEN": AGENT + "\n", "OOMGUARD_VIEWER_TOKEN": " " + VIEWER + "\n"},
+    ).start()
+    try:
+        import urllib.request
+
+        body = json.dumps(envelope("env-node", fixture_report())).encode()
+        req = urllib.request.Request(
+            server.url + REPORTS, data=body, headers={**AGENT_H, "Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200  # the agent's token (without the newline) is accepted
+    finally:
+        server.stop()
+    log = server.log()
+    assert "warning: OOMGUARD_AGENT_TOKEN: whitespace around the token stripped" in log
+    assert "warning: OOMGUARD_VIEWER_TOKEN: whitespace around the token stripped" in log
+
+
+# -- 5. no single client can stop it ---------------------------------------------------------
+
+
+class LiveServer:
+    """The app under the manager's real uvicorn set-up, in a thread, on a real loopback socket."""
+
+    def __init__(self, app: Any, max_connections: int = 100, header_timeout_s: float = 1.0) -> None:
+        from oomguard.manager.server import bind, build_server
+
+        self.sock = bind("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.server = build_server(
+            app, max_connections=max_connections, header_timeout_s=header_timeout_s, redactor=None, log=False
+        )
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+    def connect(self) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        s.settimeout(10)
+        return s
+
+    def get(self, path: str = "/healthz") -> tuple[int, float]:
+        start = time.monotonic()
+        with self.connect() as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+            head = s.recv(4096)
+        return int(head.split(b" ")[1]), time.monotonic() - start
+
+
+def closed_after(
+    s: socket.socket, drip: bytes = b"", every_s: float = 0.2, limit_s: float = 8.0
+) -> tuple[bytes, float]:
+    """Drip *drip* a byte at a time until the server closes: what it sent, and when it closed."""
+    start, got = time.monotonic(), b""
+    s.settimeout(every_s)
+    sent = 0
+    while time.monotonic() - start < limit_s:
+        if sent < len(drip):
+            try:
+                s.sendall(drip[sent : sent + 1])
+            except OSError:
+                break
+            sent += 1
+        try:
+            chunk = s.recv(4096)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    return got, time.monotonic() - start
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    migrate(url)
+    app = create_app(Settings(db_url=url, agent_token=AGENT, viewer_token=VIEWER, body_timeout_s=1.0))
+    with LiveServer(app, header_timeout_s=1.0) as server:
+        yield server
+
+
+def test_incomplete_requests_time_out_on_the_wire(live: LiveServer) -> None:
+    with live.connect() as idle:  # connects, says nothing
+        got, after = closed_after(idle)
+        assert got == b"" and 0.7 < after < 4, after
+    with live.connect() as slow:  # headers a byte at a time, for ever: not renewed by each byte
+        got, after = closed_after(slow, b"POST /api/v1/reports HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 200)
+        assert got.startswith(b"HTTP/1.1 408") and 0.7 < after < 4, (got[:40], after)
+    with live.connect() as body:  # headers done, the body stalls
+        body.sendall(b'POST /api/v1/reports HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{"node"')
+        got, after = closed_after(body)
+        assert got.startswith(b"HTTP/1.1 408") and b"did not arrive within 1s" in got and after < 4, (got, after)
+    assert live.get()[0] == 200
+
+
+def test_slow_clients_do_not_block_the_others(live: LiveServer) -> None:
+    slow = [live.connect() for _ in range(50)]
+    try:
+        for s in slow:
+            s.sendall(b"GET /healthz HTTP/1.1\r\n")
+        status, took = live.get()
+        assert status == 200 and took < 2, took
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_a_connection_cap_answers_503_at_once(tmp_path: Path) -> None:
+    server = ManagerProcess(f"sqlite:///{tmp_path / 'cap.db'}", "--max-connections", "8").start()
+    idle = []
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(8)]
+        time.sleep(0.3)
+        start = time.monotonic()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            head = s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 503") and time.monotonic() - start < 1.5, head[:60]
+        for s in idle:
+            s.close()
+        idle = []
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in idle:
+            s.close()
+        server.stop()
+    assert "at most 8 connections" in server.log()
+
+
+def test_logs_are_rate_limited(tmp_path: Path) -> None:
+    from oomguard.manager.server import LOG_BURST
+
+    server = ManagerProcess(f"sqlite:///{tmp_path / 'log.db'}").start()
+    try:
+        for _ in range(300):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+                s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+                s.recv(4096)
+    finally:
+        server.stop()
+    invalid = [line for line in server.log().splitlines() if "Invalid HTTP request received" in line]
+    assert 1 <= len(invalid) <= LOG_BURST, len(invalid)
+    assert len(server.log()) < 20_000
+
+
+def test_the_soft_file_limit_is_raised_and_the_cap_fits_it(tmp_path: Path) -> None:
+    raised = ManagerProcess(f"sqlite:///{tmp_path / 'n.db'}", nofile=(256, 4096)).start()
+    try:
+        assert raised.proc is not None
+        limits = Path(f"/proc/{raised.proc.pid}/limits").read_text()
+        line = next(li for li in limits.splitlines() if li.startswith("Max open files"))
+        assert line.split()[3:5] == ["4096", "4096"], line
+    finally:
+        raised.stop()
+    assert "at most 1000 connections" in raised.log()
+    stuck = ManagerProcess(f"sqlite:///{tmp_path / 'n2.db'}", nofile=(256, 256)).start()
+    stuck.stop()
+    assert "at most 128 connections" in stuck.log()  # 256 descriptors, 128 kept for the rest
+
+
+def test_deploy_sets_the_file_limit_and_shows_a_proxy_with_tls_and_timeouts() -> None:
+    repo = Path(__file__).parent.parent
+    unit = (repo / "deploy/systemd/oomguard-manager.service").read_text()
+    limit = int(next(li.split("=", 1)[1] for li in unit.splitlines() if li.startswith("LimitNOFILE=")))
+    assert limit >= 65536
+    caddy = (repo / "deploy/proxy/Caddyfile").read_text()
+    for needed in ("reverse_proxy 127.0.0.1:8080", "read_header", "read_body", "max_size 1MB"):
+        assert needed in caddy, needed
+    nginx = (repo / "deploy/proxy/nginx.conf").read_text()
+    for needed in (
+        "listen 443 ssl",
+        "ssl_certificate ",
+        "client_header_timeout",
+        "client_body_timeout",
+        "proxy_read_timeout",
+        "client_max_body_size 1m",
+        "limit_conn",
+        "proxy_set_header X-Forwarded-Proto",
+        "proxy_pass http://127.0.0.1:8080",
+    ):
+        assert needed in nginx, needed
+
+
+def test_the_nginx_example_in_front_of_a_real_manager(tmp_path: Path) -> None:
+    """deploy/proxy/nginx.conf as shipped (ports, certificate and upstream swapped in): TLS, the
+    manager's default Host allow-list through the proxy, and no answer for another name."""
+    import shutil
+    import ssl
+
+    nginx, openssl = shutil.which("nginx") or "/usr/sbin/nginx", shutil.which("openssl")
+    if not os.path.exists(nginx) or openssl is None:
+        pytest.skip("needs nginx and openssl (scripts/system-deps.sh installs nginx-light)")
+    from tests.manager_helpers import free_port
+
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=oomguard.example.com",
+         "-addext", "subjectAltName=DNS:oomguard.example.com",
+         "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    manager = ManagerProcess(f"sqlite:///{tmp_path / 'p.db'}").start()
+    tls, plain = free_port(), free_port()
+    conf = (Path(__file__).parent.parent / "deploy/proxy/nginx.conf").read_text()
+    for old, new in (
+        ("/etc/ssl/oomguard/fullchain.pem", str(tmp_path / "cert.pem")),
+        ("/etc/ssl/oomguard/privkey.pem", str(tmp_path / "key.pem")),
+        ("listen 443 ssl", f"listen 127.0.0.1:{tls} ssl"),
+        ("listen 80;", f"listen 127.0.0.1:{plain};"),
+        ("127.0.0.1:8080", f"127.0.0.1:{manager.port}"),
+    ):
+        assert old in conf, old
+        conf = conf.replace(old, new)
+    (tmp_path / "oomguard.conf").write_text(conf)
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
+        f"http {{ include {tmp_path}/oomguard.conf; }}\n"
+    )
+    proxy = subprocess.Popen(
+        [nginx, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e", str(tmp_path / "error.log"),
+         "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", tls), timeout=1).close()
+                break
+            except OSError:
+                assert proxy.poll() is None and time.monotonic() < deadline, proxy.stderr and proxy.stderr.read()
+                time.sleep(0.05)
+        with (
+            socket.create_connection(("127.0.0.1", tls)) as raw,
+            ctx.wrap_socket(raw, server_hostname="oomguard.example.com") as s,
+        ):
+            body = json.dumps(envelope("via-proxy", fixture_report()))
+            s.sendall(
+                (f"POST /api/v1/reports HTTP/1.1\r\nHost: oomguard.example.com\r\nAuthorization: Bearer {AGENT}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                 f"{body}").encode()
+            )  # fmt: skip
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        with pytest.raises(ssl.SSLError), socket.create_connection(("127.0.0.1", tls)) as raw:
+            ssl._create_unverified_context().wrap_socket(raw, server_hostname="rebound.example").do_handshake()
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        manager.stop()
+
+
+# -- 7. failures are seen --------------------------------------------------------------------
+
+
+def metric(c: TestClient, kind: str) -> float:
+    line = next(li for li in c.get("/metrics", headers=VIEWER_H).text.splitlines() if f'kind="{kind}"' in li)
+    return float(line.split()[-1])
+
+
+def episode_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "oomguard.manager.database"]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real file system of 2 MiB (tmpfs), to fill."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_is_one_logged_episode_counted_and_in_healthz(
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level("WARNING", logger="oomguard.manager.database"),
+        client_for(f"sqlite:///{small_disk / 'f.db'}") as c,
+    ):
+        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
+        filler = small_disk / "filler"
+        with filler.open("wb") as f, pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        refused = 0
+        for _ in range(40):
+            r = c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H)
+            assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+            refused += 1
+        assert c.get("/api/v1/nodes", headers=VIEWER_H).status_code == 200  # reads go on
+        health = c.get("/healthz")
+        assert health.status_code == 503 and health.json()["failing"] == {"writes": "disk-full"}
+        assert metric(c, "disk-full") == refused
+        lines = episode_lines(caplog)
+        assert len(lines) == 1 and "database writes failing (disk-full)" in lines[0], lines
+        filler.unlink()
+        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
+        assert c.get("/healthz").status_code == 200
+        lines = episode_lines(caplog)
+        assert len(lines) == 2 and "work again after" in lines[1] and f"{refused} request(s)" in lines[1], lines
+
+
+def test_a_read_only_sqlite_handle_is_reopened_once_writable(tmp_path: Path) -> None:
+    db = tmp_path / "ro.db"
+    url = f"sqlite:///{db}"
+    migrate(url)
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here (needs root and ext4/xfs)")
+    try:
+        with client_for(url) as c:  # opened while the file cannot be written: SQLite opens it read-only
+            r = c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H)
+            assert r.status_code == 503 and "read-only" in r.text
+            subprocess.run(["chattr", "-i", str(db)], check=True)
+            assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
+            assert metric(c, "read-only") == 1
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], capture_output=True)
+
+
+def _cluster_pids(server: PostgresServer) -> list[int]:
+    assert server.proc is not None
+    root = server.proc.pid
+    pids = [root]
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(root):
+            pids.append(int(status.parent.name))
+    return pids
+
+
+@pytest.fixture
+def own_pg() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of this test's own, to stop and hang."""
+    server = PostgresServer()
+    if server.unavailable():
+        pytest.skip(str(server.unavailable()))
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            for pid in _cluster_pids(server):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            server.proc.send_signal(signal.SIGINT)
+        server.stop()
+
+
+def _restart(server: PostgresServer) -> None:
+    """Start the stopped cluster again, on its data directory and port (what pg.py's start did)."""
+    assert server.bindir is not None
+    cmd = [f"{server.bindir}/postgres", "-D", f"{server.dir}/data", "-p", str(server.port), "-k", server.dir]
+    server.proc = subprocess.Popen(
+        server._as_owner([*cmd, "-c", "listen_addresses=127.0.0.1"]),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_a_hung_postgresql_is_a_fast_503_and_healthz_says_so(
+    own_pg: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = own_pg.create_db("hung")
+    with (
+        caplog.at_level("WARNING", logger="oomguard.manager.database"),
+        client_for(url, db_timeout_s=1.0, request_timeout_s=2.0) as c,
+    ):
+        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
+        stopped = _cluster_pids(own_pg)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)  # hung: connections open, nothing answers
+        try:
+            for method, path in (("POST", REPORTS), ("GET", "/api/v1/nodes"), ("GET", "/api/v1/nodes/n")):
+                start = time.monotonic()
+                kwargs: dict[str, Any] = {"json": envelope("n", fixture_report())} if method == "POST" else {}
+                r = c.request(method, path, headers={**AGENT_H, **(VIEWER_H if method == "GET" else {})}, **kwargs)
+                took = time.monotonic() - start
+                assert r.status_code == 503 and took < 4, (path, r.status_code, took)
+            start = time.monotonic()
+            health = c.get("/healthz")
+            assert health.status_code == 503 and time.monotonic() - start < 3
+            assert health.json()["database"] == "timeout"
+            metrics = c.get("/metrics", headers=VIEWER_H)  # still answers, without the node series
+            assert metrics.status_code == 200 and "oomguard_manager_database_up 0.0" in metrics.text
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code != 200:
+            assert time.monotonic() < deadline, "writes did not come back"
+            time.sleep(0.5)
+        assert c.get("/healthz").status_code == 200
+    lines = episode_lines(caplog)
+    starts = [li for li in lines if "failing" in li]
+    assert starts and all("(timeout)" in li for li in starts) and len(starts) <= 2, lines  # reads and writes
+    assert any("writes work again" in li for li in lines), lines
+
+
+def test_a_stopped_postgresql_is_503_unavailable_then_recovers(own_pg: PostgresServer) -> None:
+    url = own_pg.create_db("gone")
+    with client_for(url, db_timeout_s=2.0) as c:
+        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
+        assert own_pg.proc is not None
+        own_pg.proc.send_signal(signal.SIGINT)  # fast shutdown: every connection is closed
+        own_pg.proc.wait(30)
+        start = time.monotonic()
+        r = c.get("/api/v1/nodes", headers=VIEWER_H)
+        assert r.status_code == 503 and "unavailable" in r.text and time.monotonic() - start < 5, r.text
+        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 503
+        assert c.get("/healthz").json()["database"] == "unavailable"
+        assert metric(c, "unavailable") >= 2
+        _restart(own_pg)
+        deadline = time.monotonic() + 30
+        while c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code != 200:
+            assert time.monotonic() < deadline, "writes did not come back"
+            time.sleep(0.3)
+        assert c.get("/healthz").status_code == 200
+        assert c.get("/api/v1/nodes", headers=VIEWER_H).json()["total"] == 1
+
+
+def test_statement_and_pool_timeouts_are_timeouts(own_pg: PostgresServer) -> None:
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from oomguard.manager.health import classify
+
+    engine = make_engine(own_pg.create_db("slow"), timeout_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(DBAPIError) as statement, engine.connect() as conn:
+        conn.execute(text("SELECT pg_sleep(10)"))
+    assert time.monotonic() - start < 5 and classify(statement.value) == "timeout"
+    held = [engine.connect() for _ in range(30)]  # pool_size 10 + max_overflow 20
+    try:
+        start = time.monotonic()
+        with pytest.raises(PoolTimeout) as pool:
+            engine.connect()
+        assert time.monotonic() - start < 3 and classify(pool.value) == "timeout"
+    finally:
+        for conn in held:
+            conn.close()
+        engine.dispose()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_one_start_line_with_the_url_and_the_database(tmp_path: Path) -> None:
+    first = ManagerProcess(f"sqlite:///{tmp_path / 's.db'}").start()
+    first.stop()
+    line = [li for li in first.log().splitlines() if li.startswith("oomguard manager:")]
+    assert line == [
+        f"oomguard manager: serving http://127.0.0.1:{first.port} (database sqlite:///{tmp_path / 's.db'}; "
+        "Host allowed: 127.0.0.1, localhost, ::1; at most 1000 connections)"
+    ]
+
+
+def test_a_port_in_use_is_exit_2_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "oomguard",
+                "manager",
+                "--db",
+                f"sqlite:///{tmp_path / 'p.db'}",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")},
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"oomguard: error: --port: port {port} is already in use on 127.0.0.1"
+
+
+def test_the_caddy_example_is_valid(tmp_path: Path) -> None:
+    import shutil
+
+    caddy = shutil.which("caddy")
+    if caddy is None:
+        pytest.skip("needs caddy (scripts/system-deps.sh installs it)")
+    proc = subprocess.run(
+        [
+            caddy,
+            "validate",
+            "--adapter",
+            "caddyfile",
+            "--config",
+            str(Path(__file__).parent.parent / "deploy/proxy/Caddyfile"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 0 and "Valid configuration" in proc.stdout + proc.stderr, proc.stderr[-2000:]
