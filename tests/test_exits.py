@@ -6,8 +6,10 @@ through a fake tree (a DirRoot whose oom_kill counter the worker itself moves, a
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,13 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from oomguard.errors import EXIT_CODES, EXIT_VERIFY_FAILED
 from oomguard.policy.budget import probe
 from oomguard.sources.root import DirRoot
-from oomguard.supervisor.exits import NO_COUNTER, classify, exit_fields, shell_status
+from oomguard.supervisor.exits import NO_COUNTER, Evidence, Verdict, classify, evidence, exit_fields, shell_status
+from oomguard.supervisor.members import Members, gone, outsiders, parse_stat_ids
 from oomguard.verify._alloc import EXIT_ALLOC_FAILED
 from oomguard.verify.launch import child_argv, start_child
+from oomguard.verify.progress import Progress, collect
 from oomguard.verify.runner import outcome, verify
 from tests.conftest import REPO, run_oomguard
 
@@ -51,6 +57,7 @@ def cgroup_tree(tmp: Path, version: int = 2, limit: int = 2 * GiB, *, counter: b
             "sys/fs/cgroup/cgroup.controllers": "cpu memory\n",
             "sys/fs/cgroup/memory.max": f"{limit}\n",
             "sys/fs/cgroup/memory.current": "1048576\n",
+            "sys/fs/cgroup/cgroup.procs": "",
         }
         if counter:
             files[V2_EVENTS] = "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n"
@@ -60,6 +67,7 @@ def cgroup_tree(tmp: Path, version: int = 2, limit: int = 2 * GiB, *, counter: b
             "proc/self/mountinfo": "35 25 0:30 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n",
             "sys/fs/cgroup/memory/memory.limit_in_bytes": f"{limit}\n",
             "sys/fs/cgroup/memory/memory.usage_in_bytes": "1048576\n",
+            "sys/fs/cgroup/memory/cgroup.procs": "",
         }
         if counter:
             files[V1_OOM_CONTROL] = "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n"
@@ -73,6 +81,7 @@ def cgroup_tree(tmp: Path, version: int = 2, limit: int = 2 * GiB, *, counter: b
 # become a subreaper: none of that belongs in the test runner), reading the fake tree.
 SUPERVISE = """
 import ctypes, errno, json, sys
+from oomguard.policy.plan import Shape
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import DirRoot
 from oomguard.supervisor.events import EventLog
@@ -85,8 +94,16 @@ class DenyingLibc:  # prctl fails with EPERM, as under a seccomp filter
         return -1
 
 tree, events, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-policy = RestartPolicy(opts.get("restart", "on-failure"), backoff_initial=0.01, max_restarts=opts.get("max_restarts"))
-config = RunConfig(opts["command"], budget=opts.get("budget"), policy=policy, isolate=opts.get("isolate", False))
+policy = RestartPolicy(
+    opts.get("restart", "on-failure"),
+    backoff_initial=0.01,
+    max_restarts=opts.get("max_restarts"),
+    healthy_after=opts.get("healthy_after", 600.0),
+)
+shape = Shape(**opts["shape"]) if opts.get("shape") else None
+config = RunConfig(
+    opts["command"], budget=opts.get("budget"), shape=shape, policy=policy, isolate=opts.get("isolate", False)
+)
 libc = DenyingLibc() if opts.get("deny_prctl") else None
 sup = Supervisor(config, EventLog(events), root=DirRoot(tree), cgroupfs=CgroupFS(tree), libc=libc)
 sys.exit(sup.run())
@@ -124,29 +141,59 @@ def supervise_in_tree(tree: Path, **opts: Any) -> tuple[int, list[dict[str, Any]
 
 # -- the classifier, on its own --------------------------------------------------------------
 
+UNPLACED = (
+    "an OOM kill happened in the group during the run (oom_kill +{k}); "
+    "cannot tell whether it was {who} ({why}; --isolate tells exactly)"
+)
+GONE1 = "1 other process(es) of the group ended meanwhile"
+UNREAD = "the group's processes could not be read"
+DESC = "a descendant of the worker was OOM-killed (oom_kill +{k}); the worker then ended with {end}"
+ZERO = "exited 0, but the group's oom_kill counter rose by {k} during the run"
+
 
 @pytest.mark.parametrize(
-    ("rc", "before", "after", "reason", "note"),
+    ("rc", "before", "after", "others_gone", "verdict"),
     [
-        (0, 0, 0, "clean", None),
-        (0, 0, 5, "clean", None),  # a clean exit stays clean, whatever the counter did
-        (3, 0, 0, "exit", None),
-        (137, 0, 1, "exit", None),  # a shell's "128 + 9" is an exit status, not a signal
-        (-9, 0, 1, "oom-kill", None),
-        (-9, 4, 7, "oom-kill", None),
-        (-9, 1, 1, "signal", None),  # SIGKILL, counter unchanged: an operator's kill -9
-        (-9, 2, 1, "signal", None),  # a counter that went down (group re-created) is no OOM kill
-        (-15, 0, 1, "signal", None),  # only SIGKILL can be the OOM killer
-        (-6, 0, 1, "signal", None),
-        (-9, None, None, "signal", NO_COUNTER),
-        (-9, 0, None, "signal", NO_COUNTER),
-        (-9, None, 1, "signal", NO_COUNTER),
-        (-15, None, None, "signal", None),  # no counter, but not a SIGKILL: nothing to tell apart
-        (1, None, None, "exit", None),
+        (0, 0, 0, 0, ("clean", None, None)),
+        (0, 0, 5, 0, ("clean", "descendant", ZERO.format(k=5))),  # clean stays clean; the rise is said
+        (0, 0, 1, 1, ("clean", "group", ZERO.format(k=1))),
+        (3, 0, 0, 0, ("exit", None, None)),
+        (-9, 0, 1, 0, ("oom-kill", "worker", None)),
+        (-9, 4, 7, 2, ("oom-kill", "worker", None)),  # 3 kills, 2 outsiders gone: one was in the tree
+        (-9, 1, 1, 0, ("signal", None, None)),  # SIGKILL, counter unchanged: an operator's kill -9
+        (-9, 2, 1, 0, ("signal", None, None)),  # a counter that went down (group re-created) is no OOM kill
+        # kill -9 while another process of the group was OOM-killed: not blamed on the OOM killer
+        (-9, 0, 1, 1, ("signal", "group", UNPLACED.format(k=1, who="this process", why=GONE1))),
+        (-9, 0, 1, None, ("signal", "group", UNPLACED.format(k=1, who="this process", why=UNREAD))),
+        # a wrapper whose child was OOM-killed: a shell's "128 + 9", a plain failure, another signal
+        (137, 0, 1, 0, ("oom-kill", "descendant", DESC.format(k=1, end="code 137"))),
+        (1, 0, 1, 0, ("oom-kill", "descendant", DESC.format(k=1, end="code 1"))),
+        (-15, 0, 1, 0, ("oom-kill", "descendant", DESC.format(k=1, end="signal 15"))),
+        (1, 0, 1, 1, ("exit", "group", UNPLACED.format(k=1, who="one of its descendants", why=GONE1))),
+        (-9, None, None, 0, ("signal", None, NO_COUNTER)),
+        (-9, 0, None, 0, ("signal", None, NO_COUNTER)),
+        (-9, None, 1, 0, ("signal", None, NO_COUNTER)),
+        (-15, None, None, 0, ("signal", None, None)),  # no counter, but not a SIGKILL: nothing to tell apart
+        (1, None, None, 0, ("exit", None, None)),
     ],
 )
-def test_classify(rc: int, before: int | None, after: int | None, reason: str, note: str | None) -> None:
-    assert classify(rc, before, after) == (reason, note)
+def test_classify(rc: int, before: int | None, after: int | None, others_gone: int | None, verdict: Verdict) -> None:
+    assert classify(rc, evidence(before, after, others_gone)) == verdict
+
+
+@pytest.mark.parametrize(
+    ("rc", "e", "reason"),
+    [
+        (1, Evidence(1, 0), "exit"),  # a child without descendants did not lose one to the OOM killer
+        (-15, Evidence(1, 0), "signal"),
+        (0, Evidence(3, 0), "clean"),
+        (-9, Evidence(1, 0), "oom-kill"),
+        (-9, Evidence(1, 1), "signal"),
+    ],
+)
+def test_classify_a_child_without_descendants(rc: int, e: Evidence, reason: str) -> None:
+    verdict = classify(rc, e, descendants=False)
+    assert verdict.reason == reason and (verdict.victim in (None, "worker", "group"))
 
 
 @pytest.mark.parametrize(
@@ -159,19 +206,21 @@ def test_exit_fields_and_shell_status(rc: int, fields: tuple[int | None, int | N
 
 
 @pytest.mark.parametrize(
-    ("rc", "before", "after", "want"),
+    ("rc", "before", "after", "gone", "want"),
     [
-        (0, 0, 0, "ok"),
-        (1, 0, 0, "exit"),
-        (EXIT_ALLOC_FAILED, 0, 0, "allocation-failed"),
-        (-9, 0, 1, "oom-kill"),
-        (-9, 0, 0, "signal"),
-        (-9, None, None, "signal"),
-        (-15, 0, 1, "signal"),
+        (0, 0, 0, 0, "ok"),
+        (1, 0, 0, 0, "exit"),
+        (1, 0, 1, 0, "exit"),  # another child's OOM kill is not this one's
+        (EXIT_ALLOC_FAILED, 0, 0, 0, "allocation-failed"),
+        (-9, 0, 1, 0, "oom-kill"),
+        (-9, 0, 1, 1, "signal"),  # an outsider of the group may have been the victim
+        (-9, 0, 0, 0, "signal"),
+        (-9, None, None, 0, "signal"),
+        (-15, 0, 1, 0, "signal"),
     ],
 )
-def test_verify_outcomes_come_from_the_same_classifier(rc: int, before: int, after: int, want: str) -> None:
-    assert outcome(rc, before, after) == want
+def test_verify_outcomes_come_from_the_same_classifier(rc: int, before: int, after: int, gone: int, want: str) -> None:
+    assert outcome(rc, evidence(before, after, gone)) == want
 
 
 # -- the child protocol ----------------------------------------------------------------------
@@ -203,6 +252,122 @@ def test_a_failed_allocation_exits_verify_4_not_the_childs_code() -> None:
     assert result["delivered"] is False
     assert {c["outcome"] for c in result["children"]} == {"allocation-failed"}
     assert {c["exit_code"] for c in result["children"]} == {EXIT_ALLOC_FAILED}
+
+
+# -- who else is in the group ----------------------------------------------------------------
+
+STAT = "{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0"
+
+
+def test_parse_stat_ids() -> None:
+    assert parse_stat_ids(STAT.format(pid=7, comm="a b) (c", ppid=3, start=5187)) == (3, 5187)
+    assert parse_stat_ids("7 (sh) S 3 7 7") is None  # too short
+    assert parse_stat_ids("") is None and parse_stat_ids("garbage") is None
+
+
+@given(st.text())
+def test_parse_stat_ids_never_raises(text: str) -> None:
+    got = parse_stat_ids(text)
+    assert got is None or (isinstance(got[0], int) and isinstance(got[1], int))
+
+
+def _proc(tree: Path, pid: int, ppid: int, start: int = 100) -> None:
+    (tree / f"proc/{pid}").mkdir(parents=True, exist_ok=True)
+    (tree / f"proc/{pid}/stat").write_text(STAT.format(pid=pid, comm="p", ppid=ppid, start=start))
+
+
+def test_outsiders_through_a_fake_tree(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2)
+    root, cg = DirRoot(str(tree)), "/sys/fs/cgroup"
+    _proc(tree, 100, 1)  # me, the supervisor
+    _proc(tree, 101, 100)  # my worker
+    _proc(tree, 102, 101)  # its child
+    _proc(tree, 200, 1)  # an agent beside me
+    _proc(tree, 300, 1)  # in a group below (v2: hierarchical counter)
+    (tree / "sys/fs/cgroup/cgroup.procs").write_text("100\n101\n200\n0\n999\n")  # 0: another PID namespace
+    (tree / "sys/fs/cgroup/sub").mkdir()
+    (tree / "sys/fs/cgroup/sub/cgroup.procs").write_text("102\n300\n")
+    before = outsiders(root, cg, 2, 100)
+    assert before == Members(frozenset({(200, 100), (300, 100)}), 1)  # 999 has no /proc entry: gone already
+    assert outsiders(root, cg, 1, 100) == Members(frozenset({(200, 100)}), 1)  # v1: the group's own processes
+    _proc(tree, 200, 1, start=555)  # the agent died and its PID was reused
+    (tree / "sys/fs/cgroup/cgroup.procs").write_text("100\n200\n")
+    after = outsiders(root, cg, 2, 100)
+    assert gone(before, after) == 2  # the old 200, and the unnamed one; 300 is still there
+    assert gone(before, None) is None and gone(None, after) is None
+    assert outsiders(root, "/sys/fs/cgroup/nope", 2, 100) is None  # unreadable: unknown, not empty
+    assert outsiders(root, None, 2, 100) is None and outsiders(root, cg, None, 100) is None
+
+
+# -- verify's progress -----------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+# A child speaking the _alloc protocol: progress lines, then its final line (or garbage, or nothing).
+TALKER = "import json, sys, time\nfor line in sys.argv[1:]:\n    print(line, flush=True); time.sleep(0.05)\n"
+
+
+def test_progress_on_a_terminal_is_a_line_per_child_redrawn() -> None:
+    term = Terminal()
+    p = Progress(term, [4 * GiB, 2 * GiB], [11, 22])
+    p.update(0, GiB, 0.5)
+    p._last = 0.0  # the next update may redraw at once
+    p.update(1, 2 * GiB, 1.0)
+    p.finish(1.2)
+    out = term.getvalue()
+    first, second, last = out.split("\x1b[2F")  # back up over the two lines before each redraw
+    assert first == (
+        "oomguard verify: child 11: 1 GiB of 4 GiB (25%), 2.15 GB/s\x1b[K\n"
+        "oomguard verify: child 22: 0 B of 2 GiB (0%), -\x1b[K\n"
+    )
+    assert second.splitlines()[1] == "oomguard verify: child 22: 2 GiB of 2 GiB (100%), 2.15 GB/s\x1b[K"
+    assert last == second
+
+
+def test_progress_elsewhere_is_one_summary_line() -> None:
+    log = io.StringIO()
+    p = Progress(log, [4 * GiB, 2 * GiB], [11, 22])
+    p.update(0, 4 * GiB, 2.0)
+    p.update(1, 2 * GiB, 1.0)
+    assert log.getvalue() == ""
+    p.finish(2.34)
+    assert log.getvalue() == "oomguard verify: 2 children touched 6 GiB of 6 GiB in 2.3s (3.22 GB/s)\n"
+    Progress(None, [1], [1]).finish(1.0)  # nowhere to say it: nothing, no error
+
+
+def test_collect_reads_every_child_at_once() -> None:
+    lines = [
+        [
+            '{"progress": 1024, "seconds": 0.5}',
+            '{"progress": 2048, "seconds": 1.0}',
+            '{"touched": 4096, "seconds": 2.0}',
+        ],
+        ["not json"],
+        [],
+        ['{"error": "MemoryError: boom"}'],
+    ]
+    procs = [subprocess.Popen([PY, "-c", TALKER, *ls], stdout=subprocess.PIPE, text=True) for ls in lines]
+    term = Terminal()
+    meter = Progress(term, [4096, 1, 1, 1], [p.pid for p in procs])
+    finals = collect(procs, meter)
+    for p in procs:
+        p.wait(10)
+    assert finals == [{"touched": 4096, "seconds": 2.0}, {}, {}, {"error": "MemoryError: boom"}]
+    assert meter.done[0] == 4096 and meter.seconds[0] == 2.0
+    assert f"child {procs[0].pid}: 1 KiB of 4 KiB (25%), " in term.getvalue()  # a progress line was shown
+
+
+def test_verify_shows_progress_on_the_stream_it_is_given(tmp_path: Path) -> None:
+    root = DirRoot(str(cgroup_tree(tmp_path / "tree", 2, 64 * MiB)))
+    log = io.StringIO()
+    result = verify(probe(root=root, budget="4MiB"), None, hold=0, root=root, progress=log)
+    assert result["delivered"] is True
+    n = len(result["children"])
+    assert log.getvalue().startswith(f"oomguard verify: {n} children touched 4 MiB of 4 MiB in ")
 
 
 # -- verify through a fake tree -------------------------------------------------------------------
@@ -254,8 +419,72 @@ def test_run_a_sigkill_without_the_counter_moving_is_a_signal(tmp_path: Path) ->
     tree = cgroup_tree(tmp_path / "tree", 2)
     kill = [PY, "-c", f"import os; os.kill(os.getpid(), {int(signal.SIGKILL)})"]
     rc, ev, _, _ = supervise_in_tree(tree, command=kill, budget="1GiB", restart="never")
-    assert rc == 137 and (ev[1]["reason"], ev[1]["signal"], ev[1]["message"]) == ("signal", 9, None)
+    assert rc == 137 and (ev[1]["reason"], ev[1]["signal"], ev[1]["oom_victim"]) == ("signal", 9, None)
+    assert ev[1]["message"].startswith("peak ") and ev[1]["oom_kills"] == 0
     bare = cgroup_tree(tmp_path / "bare", 2, counter=False)
     rc, ev, err, _ = supervise_in_tree(bare, command=kill, budget="1GiB", restart="never")
-    assert rc == 137 and (ev[1]["reason"], ev[1]["message"]) == ("signal", NO_COUNTER)
-    assert NO_COUNTER in err
+    assert rc == 137 and ev[1]["reason"] == "signal" and ev[1]["message"].endswith("; " + NO_COUNTER)
+    assert ev[1]["oom_kills"] is None and NO_COUNTER in err
+
+
+# A wrapper (a shell) whose child plays the OOM killer on itself: the shell exits 3.
+def _wrapper(counter: Path) -> list[str]:
+    child = f"{PY} -c {shlex.quote(OOM_WORKER)} {counter} 1"
+    return ["sh", "-c", f"{child}; exit 3"]
+
+
+@pytest.mark.parametrize(("version", "counter"), [(2, V2_EVENTS), (1, V1_OOM_CONTROL)])
+def test_run_a_descendants_oom_kill_is_an_oom_kill(tmp_path: Path, version: int, counter: str) -> None:
+    tree = cgroup_tree(tmp_path / "tree", version)
+    rc, ev, err, _ = supervise_in_tree(tree, command=_wrapper(tree / counter), budget="1GiB", restart="never")
+    assert rc == 3
+    end = ev[1]
+    assert (end["reason"], end["oom_victim"], end["exit_code"], end["signal"], end["oom_kills"]) == (
+        "oom-kill",
+        "descendant",
+        3,
+        None,
+        1,
+    )
+    assert end["message"].endswith(
+        "a descendant of the worker was OOM-killed (oom_kill +1); the worker then ended with code 3"
+    )
+    assert "oomguard run: exit, pid " in err and ", oom-kill of a descendant, after " in err
+
+
+# A worker that plays an operator's kill -9 while another process of the group is OOM-killed: it
+# raises the counter, removes the outsider from cgroup.procs (the kernel would: it died), and
+# SIGKILLs itself.
+KILL9_WHILE_OUTSIDER_DIES = OOM_WORKER.replace(
+    "os.kill(os.getpid(), signal.SIGKILL)\n",
+    "open(sys.argv[3], 'w').write('')\nos.kill(os.getpid(), signal.SIGKILL)\n",
+)
+
+
+def _outsider(tree: Path, procs: str, pid: int = 4242) -> None:
+    """A process of the group outside the supervisor's tree: its PID in cgroup.procs, its stat in /proc."""
+    (tree / procs).write_text(f"{pid}\n")
+    (tree / f"proc/{pid}").mkdir(parents=True)
+    stat = f"{pid} (agent) S 1 {pid} {pid} 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 5187 0 0"
+    (tree / f"proc/{pid}/stat").write_text(stat)
+
+
+def test_run_a_kill_9_is_not_blamed_on_an_outsiders_oom_kill(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2)
+    procs = tree / "sys/fs/cgroup/cgroup.procs"
+    _outsider(tree, "sys/fs/cgroup/cgroup.procs")
+    worker = [PY, "-c", KILL9_WHILE_OUTSIDER_DIES, str(tree / V2_EVENTS), "1", str(procs)]
+    rc, ev, _, _ = supervise_in_tree(tree, command=worker, budget="1GiB", restart="never")
+    assert rc == 137
+    end = ev[1]
+    assert (end["reason"], end["signal"], end["oom_victim"], end["oom_kills"]) == ("signal", 9, "group", 1)
+    assert end["message"].endswith(
+        "an OOM kill happened in the group during the run (oom_kill +1); cannot tell whether it was this "
+        "process (1 other process(es) of the group ended meanwhile; --isolate tells exactly)"
+    )
+    # The outsider lives on: the kill fell inside the supervisor's tree, so it is the worker's.
+    tree2 = cgroup_tree(tmp_path / "tree2", 2)
+    _outsider(tree2, "sys/fs/cgroup/cgroup.procs")
+    worker = [PY, "-c", OOM_WORKER, str(tree2 / V2_EVENTS), "1"]
+    rc, ev, _, _ = supervise_in_tree(tree2, command=worker, budget="1GiB", restart="never")
+    assert rc == 137 and (ev[1]["reason"], ev[1]["oom_victim"]) == ("oom-kill", "worker")

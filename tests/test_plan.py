@@ -61,9 +61,18 @@ def test_where_the_old_rule_overcommits() -> None:
 
 
 def test_nothing_fits() -> None:
-    p = plan(report_with(64 * GiB), Shape(14 * GiB, 70 * GiB))
+    report = report_with(64 * GiB)
+    p = plan(report, Shape(14 * GiB, 70 * GiB))
     assert (p["concurrency"], p["binding"]) == (0, "memory")
     assert p["headroom_bytes"] == -6 * GiB
+    assert report["warnings"] == [
+        {
+            "code": "budget-too-small",
+            "message": "the budget 64 GiB is below the plan's baseline 70 GiB + one job 14 GiB = 84 GiB: no job fits",
+        }
+    ]
+    exactly = report_with(84 * GiB)  # baseline + one job fits exactly: no warning
+    assert plan(exactly, Shape(14 * GiB, 70 * GiB))["concurrency"] == 1 and exactly["warnings"] == []
     p = plan(report_with(None), Shape(GiB))
     assert p["concurrency"] == 0 and p["explanation"] == "0 jobs: the budget is unknown"
 
@@ -90,6 +99,52 @@ def test_memlock_binds_without_cap_ipc_lock() -> None:
     unknown = report_with(100 * GiB, known=False, memlock=None)
     plan(unknown, Shape(GiB, pinned_per_job=16 * MiB))
     assert "memlock-unknown" in {w["code"] for w in unknown["warnings"]}
+
+
+def test_a_pinned_baseline_above_memlock_fits_no_job() -> None:
+    report = report_with(332 * GiB, memlock=8 * MiB)
+    p = plan(report, Shape(14 * GiB, 70 * GiB, pinned_baseline=44 * GiB, max_jobs=18))
+    assert (p["concurrency"], p["binding"]) == (0, "memlock")
+    assert p["capacity"] == {"memory": 18, "memlock": 0, "gpu": None, "max_jobs": 18, "cpu": None}
+    assert p["explanation"] == (
+        "0 jobs, memlock binds: the 44 GiB pinned baseline is above RLIMIT_MEMLOCK (8 MiB) (no CAP_IPC_LOCK)"
+    )
+    assert [w["code"] for w in report["warnings"]] == ["memlock-too-low"]
+    assert report["warnings"][0]["message"].startswith(
+        "RLIMIT_MEMLOCK (8 MiB) is below the 44 GiB pinned baseline: pinning it fails, so no job can run; raise it"
+    )
+    # with pinned memory per job too, the baseline still decides first
+    p = plan(report_with(332 * GiB, memlock=8 * MiB), Shape(GiB, pinned_per_job=MiB, pinned_baseline=44 * GiB))
+    assert (p["concurrency"], p["binding"]) == (0, "memlock")
+    # the baseline fits: it only lowers what is left for the jobs' pinned memory
+    p = plan(report_with(332 * GiB, memlock=64 * MiB), Shape(GiB, pinned_per_job=16 * MiB, pinned_baseline=32 * MiB))
+    assert (p["concurrency"], p["binding"], p["capacity"]["memlock"]) == (2, "memlock", 2)
+    # a baseline below the limit without --pinned-per-job does not constrain the jobs
+    small = plan(report_with(100 * GiB, memlock=64 * MiB), Shape(GiB, pinned_baseline=MiB))
+    assert small["capacity"]["memlock"] is None
+    # CAP_IPC_LOCK, or an unlimited RLIMIT_MEMLOCK: the pinned baseline is not limited
+    for kw in ({"cap": True}, {"memlock": None}):
+        r = report_with(332 * GiB, **kw)  # type: ignore[arg-type]
+        assert plan(r, Shape(14 * GiB, 70 * GiB, pinned_baseline=44 * GiB))["concurrency"] == 18
+        assert r["warnings"] == []
+
+
+def test_plan_command_refuses_a_pinned_baseline_above_memlock(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path, limit=str(400 * GiB), mem_total_kb=512 * 1024**2)
+    limits = "Limit  Soft Limit  Hard Limit  Units\nMax locked memory  8388608  8388608  bytes\n"
+    (tree / "proc/self/limits").write_text(limits)
+    args = ("plan", "--root", str(tree), "--per-job", "14GiB", "--pinned-baseline", "44GiB", "--require-jobs", "1")
+    proc = run_oomguard(*args)
+    assert proc.returncode == 3, proc
+    assert proc.stderr == "oomguard: error: --require-jobs: 0 jobs fit, 1 required\n"
+    assert proc.stdout.startswith("oomguard plan: 0 jobs, memlock binds: the 44 GiB pinned baseline is above")
+    assert "memlock-too-low: RLIMIT_MEMLOCK (8 MiB) is below the 44 GiB pinned baseline" in proc.stdout
+    # the built-in profile declares the SRS as its pinned baseline, so --profile checks it too
+    proc = run_oomguard("plan", "--json", "--root", str(tree), "--profile", "porep-c2-32g", "--require-jobs", "1")
+    assert proc.returncode == 3 and json.loads(proc.stdout)["binding"] == "memlock"
+    # an operator whose prover pins only through CUDA (not charged to RLIMIT_MEMLOCK) overrides it
+    proc = run_oomguard("plan", "--root", str(tree), "--profile", "porep-c2-32g", "--pinned-baseline", "0")
+    assert proc.returncode == 0 and proc.stdout.startswith("oomguard plan: 18 jobs"), proc
 
 
 def test_cpu_binds() -> None:
@@ -160,8 +215,16 @@ def test_builtin_profiles_carry_the_provers_numbers() -> None:
     assert profiles["porep-c2-32g"] == {
         "per_job": 14 * GiB,
         "baseline": 70 * GiB,
+        "pinned_baseline": 44 * GiB,
         "max_jobs": 18,
     }
+    for name, p in load_profiles().items():  # the pinned SRS is declared as the pinned baseline
+        parts = p["baseline_parts"]
+        assert isinstance(parts, dict)
+        assert profile_values(name, {"per_job": 1, "pinned_baseline": parts["pinned_srs"]}) == {
+            "per_job": 1,
+            "pinned_baseline": profiles[name]["pinned_baseline"],
+        }
     assert profiles["window-post"]["baseline"] == 83 * GiB
     assert profiles["snapdeals"]["per_job"] == 9 * GiB and profiles["snapdeals"]["baseline"] == 50 * GiB
     assert profiles["winning-post"]["per_job"] == 512 * MiB
@@ -173,8 +236,8 @@ def test_builtin_profiles_carry_the_provers_numbers() -> None:
     ("args", "message"),
     [
         (["--per-job", "0"], "plan: --per-job must be above 0"),
-        (["--per-job", "-1G"], "plan: --per-job needs a value"),
-        (["--per-job=-1G"], "--per-job: invalid size '-1G'"),
+        (["--per-job", "-1G"], "--per-job: -1G is negative (a size is 0 or more)"),
+        (["--per-job=-1G"], "--per-job: -1G is negative (a size is 0 or more)"),
         (["--profile", "nope"], "--profile: unknown profile 'nope'"),
         (["--baseline", "1G"], "plan: give --per-job SIZE or --profile NAME"),
         (["--per-job", "1G", "--max-jobs", "x"], "--max-jobs: expected a whole number, got 'x'"),

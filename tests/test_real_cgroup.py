@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +118,17 @@ def test_oom_kill_is_counted(group: Group) -> None:
     if oom is None or oom["oom_kill"] is None:
         pytest.skip("this kernel exposes no oom_kill counter")
     assert oom["oom_kill"] >= 1
+    seen = [w for w in report["warnings"] if w["code"] == "oom-kills-seen"]
+    assert len(seen) == 1 and f"oom_kill counter is {oom['oom_kill']} ({oom['source']})" in seen[0]["message"]
+
+
+def test_a_zero_budget_is_too_small(group: Group) -> None:
+    group.set_limit(256 * MiB)  # the 256 MiB margin floor takes all of it
+    rc, report = check(group)
+    assert rc == 0 and report["budget"]["bytes"] == 0
+    assert [w["code"] for w in report["warnings"] if w["code"].startswith("budget")] == ["budget-too-small"]
+    rc, report = check(group, "--require", "1B")
+    assert rc == 3
 
 
 def test_capture_in_group_replays_the_same_limit(group: Group, tmp_path: Path) -> None:
@@ -156,7 +168,9 @@ def verify_in(g: Group, *args: str) -> tuple[int, dict]:  # type: ignore[type-ar
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = g.run(sys.executable, "-m", "oomguard", "verify", "--json", "--hold", "0.5", *args, env=env)
     assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    out = json.loads(proc.stdout)
+    out["_stderr"] = proc.stderr
+    return proc.returncode, out
 
 
 def test_verify_delivers_the_auto_budget(group: Group) -> None:
@@ -169,6 +183,11 @@ def test_verify_delivers_the_auto_budget(group: Group) -> None:
     assert all(c["outcome"] == "ok" for c in out["children"])
     assert out["peak_rss_bytes"] >= 512 * MiB
     assert out["fault_in_bytes_per_second"] > 0
+    # stderr is no terminal here: one summary line, no per-child lines
+    n = len(out["children"])
+    assert re.fullmatch(
+        rf"oomguard verify: {n} children touched 512 MiB of 512 MiB in \d+\.\ds \(\d+\.\d\d GB/s\)\n", out["_stderr"]
+    ), out["_stderr"]
 
 
 def test_verify_catches_a_budget_sized_from_memtotal(group: Group) -> None:

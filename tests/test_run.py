@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
+from oomguard.policy.plan import Shape
 from oomguard.probes.counters import child_pids
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import DirRoot
+from oomguard.supervisor.adapt import Adaptation, oom_margin_step
+from oomguard.supervisor.config import worker_env_and_args, worker_values
 from oomguard.supervisor.exits import NO_COUNTER
 from oomguard.supervisor.isolate import Isolation
 from oomguard.supervisor.process import (
@@ -60,18 +63,41 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 def test_substitute_and_exact_sizes() -> None:
     values = {"budget": "332GiB", "budget_bytes": str(332 * GiB), "budget_gib": "332"}
-    assert substitute(["--budget", "{budget}", "b={budget_bytes}", "{budget_gib}G", "{other}", "{}"], values) == [
-        "--budget",
-        "332GiB",
-        f"b={332 * GiB}",
-        "332G",
-        "{other}",
-        "{}",
-    ]
+    assert substitute(
+        ["--budget", "{budget}", "b={budget_bytes}", "{budget_gib}G", "{{budget}}", "{}", "{'a': {n + 1}}"], values
+    ) == ["--budget", "332GiB", f"b={332 * GiB}", "332G", "{budget}", "{}", "{'a': {n + 1}}"]
+    # the worker's own braces pass through: shell parameters, f-string fields, templates
+    mine = ["${HOME}", "${budget}", "print(f'{source}: {n}')", "{HOME}", '{"a": {"b": 1}}', "awk '{print $1}'"]
+    assert substitute(mine, values) == mine
     assert format_size_exact(332 * GiB) == "332GiB"
     assert format_size_exact(1280 * MiB) == "1280MiB"
     assert format_size_exact(12345) == "12345B"
     assert parse_duration("5m") == 300 and parse_duration("500ms") == 0.5 and parse_duration("2") == 2
+
+
+def test_plan_placeholders_follow_the_plan_and_its_step_downs() -> None:
+    shape = Shape(14 * GiB, 70 * GiB, max_jobs=18)
+    values = worker_values(246 * GiB, 12, shape)
+    assert values == {
+        "budget_bytes": str(246 * GiB),
+        "budget": "246GiB",
+        "budget_gib": "246",
+        "concurrency": "12",
+        "per_job_bytes": str(14 * GiB),
+        "jobs_budget_bytes": str(176 * GiB),  # budget - baseline
+        "jobs_bytes": str(12 * 14 * GiB),  # what the 12 jobs run now may use
+    }
+    # CuZK's own rule, max(2, min(budget / 14 GiB, 18)), given {jobs_bytes}: exactly the jobs planned,
+    # 70 + 12 x 14 = 238 GiB <= 246 GiB; given {budget} it would run 17 workers, 308 GiB.
+    assert max(2, min(int(values["jobs_bytes"]) // (14 * GiB), 18)) == 12
+    assert max(2, min(246 * GiB // (14 * GiB), 18)) == 17
+    assert worker_values(60 * GiB, 0, shape)["jobs_budget_bytes"] == "0"  # never negative
+    env, args = worker_env_and_args(["w", "{jobs_bytes}"], 246 * GiB, 11, shape)
+    assert args == ["w", str(11 * 14 * GiB)]
+    assert (env["OOMGUARD_CONCURRENCY"], env["OOMGUARD_JOBS_BYTES"]) == ("11", str(11 * 14 * GiB))
+    assert (env["OOMGUARD_JOBS_BUDGET_BYTES"], env["OOMGUARD_PER_JOB_BYTES"]) == (str(176 * GiB), str(14 * GiB))
+    env, _ = worker_env_and_args(["w"], GiB, None)
+    assert not {"OOMGUARD_CONCURRENCY", "OOMGUARD_JOBS_BYTES"} & {k for k in env if k not in os.environ}
 
 
 def test_backoff_with_a_fake_clock() -> None:
@@ -125,6 +151,16 @@ def test_backoff_sleep_stops_on_a_signal() -> None:
         (["run", "--restart", "sometimes", "--", "true"], "--restart: expected one of"),
         (["run", "--backoff-initial", "soon", "--", "true"], "--backoff-initial: invalid duration 'soon'"),
         (["run", "--", "true", "{concurrency}"], "run: the placeholder {concurrency} needs plan flags"),
+        (["run", "--", "true", "x{jobs_bytes}"], "run: the placeholder {jobs_bytes} needs plan flags"),
+        (
+            ["run", "--", "w", "--budget", "{budjet}"],
+            "run: unknown placeholder {budjet} in the worker's arguments (did you mean {budget}? known: {budget_bytes}",
+        ),
+        (
+            ["run", "--", "w", "{jobs}"],
+            "run: unknown placeholder {jobs} in the worker's arguments (did you mean {jobs_b",
+        ),
+        (["run", "--per-job", "1G", "--", "w", "{Budget}"], "run: unknown placeholder {Budget}"),
         (["run", "--on-oom", "concurrency", "--", "true"], "--on-oom concurrency needs plan flags"),
     ],
 )
@@ -179,14 +215,20 @@ def test_env_placeholders_and_exit_status(tmp_path: Path) -> None:
         "pid",
         "budget_bytes",
         "concurrency",
+        "effective_bytes",
+        "limited_by",
         "reason",
         "exit_code",
         "signal",
+        "oom_kills",
+        "oom_victim",
         "duration_s",
         "delay_s",
         "peak_bytes",
+        "warnings",
         "message",
     }
+    assert start["limited_by"] == exit_["limited_by"] is not None  # where the ceiling came from, on every event
     assert start["time"].endswith("Z") and "T" in start["time"]
     assert "oomguard run: exit" in proc.stderr  # the same events, readable, on stderr
 
@@ -367,6 +409,153 @@ def test_a_working_prctl_says_nothing(tmp_path: Path) -> None:
     assert rc == 0 and "prctl" not in err
 
 
+# -- budgets that cannot work, and what run says when it starts ------------------------------
+
+
+def test_a_zero_budget_starts_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    worker = ["sh", "-c", f"touch {marker}"]
+    tree = cgroup_tree(tmp_path / "tree", 2, 256 * MiB)  # the 256 MiB margin floor eats the basis
+    rc, ev, err, _ = supervise_in_tree(tree, command=worker)
+    assert rc == 3 and not marker.exists()
+    assert [e["event"] for e in ev] == ["give-up"]
+    assert (ev[0]["budget_bytes"], ev[0]["effective_bytes"], ev[0]["limited_by"]) == (0, 256 * MiB, "cgroup-v2")
+    why = (
+        "the budget is 0 B: the 256 MiB safety margin takes all of the 256 MiB basis (cgroup-v2); "
+        "not starting the worker"
+    )
+    assert ev[0]["message"] == why
+    assert err == f"oomguard run: give-up: {why}\n"  # one line
+    rc, ev, _, _ = supervise_in_tree(cgroup_tree(tmp_path / "big", 2), command=worker, budget="0")
+    assert rc == 3 and not marker.exists()
+    assert ev[0]["message"] == "the explicit budget is 0 B ('0'); not starting the worker"
+
+
+def test_a_budget_below_baseline_plus_one_job_starts_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    tree = cgroup_tree(tmp_path / "tree", 2, 4 * GiB)
+    shape = {"per_job": 2 * GiB, "baseline": GiB}
+    rc, ev, _, _ = supervise_in_tree(tree, command=["touch", str(marker)], budget="2GiB", shape=shape)
+    assert rc == 3 and not marker.exists() and [e["event"] for e in ev] == ["give-up"]
+    assert ev[0]["message"] == (
+        "the budget 2 GiB is below the plan's baseline 1 GiB + one job 2 GiB = 3 GiB; not starting the worker"
+    )
+    assert ev[0]["concurrency"] == 0
+    rc, ev, _, _ = supervise_in_tree(tree, command=["touch", str(marker)], budget="3GiB", shape=shape, restart="never")
+    assert rc == 0 and marker.exists() and ev[0]["concurrency"] == 1  # exactly baseline + one job: it starts
+
+
+def test_a_budget_above_the_ceiling_is_said_when_the_worker_starts(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB)
+    rc, ev, err, _ = supervise_in_tree(tree, command=["true"], budget="3GiB", restart="never")
+    assert rc == 0
+    start = ev[0]
+    assert start["warnings"] == ["budget-exceeds-limit"]
+    warning = (
+        "warning budget-exceeds-limit: the explicit budget 3 GiB is above the hard ceiling 2 GiB (cgroup-v2); "
+        "the worker may be OOM-killed"
+    )
+    assert start["message"] == warning and f"budget 3 GiB: {warning}" in err
+    assert ev[1]["warnings"] is None and "over" not in ev[1]["message"]  # the exit compares the peak instead
+    rc, ev, _, _ = supervise_in_tree(tree, command=["true"], budget="1GiB", restart="never")
+    assert (ev[0]["warnings"], ev[0]["message"]) == (None, None)
+
+
+# -- recovery: lessons of OOM kills are forgotten when the situation changes ------------------
+
+# A scripted worker: run N (counted in STATE) does PLAN[N]: write files, sleep, play the OOM
+# killer on itself (raise the tree's counter, SIGKILL), or exit with a code.
+SCRIPTED = (
+    "import json, os, re, signal, sys, time\n"
+    "counter, state, plan = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
+    "n = int(open(state).read()) if os.path.exists(state) else 0\n"
+    "open(state, 'w').write(str(n + 1))\n"
+    "step = plan[n]\n"
+    "for path, text in step.get('write', {}).items(): open(path, 'w').write(text)\n"
+    "time.sleep(step.get('sleep', 0))\n"
+    "if step.get('oom'):\n"
+    "    t = open(counter).read(); k = int(re.search(r'^oom_kill (\\d+)$', t, re.M).group(1))\n"
+    "    open(counter, 'w').write(re.sub(r'^oom_kill \\d+$', 'oom_kill %d' % (k + 1), t, flags=re.M))\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "sys.exit(step.get('exit', 0))\n"
+)
+
+
+def scripted(tree: Path, *steps: dict[str, Any]) -> list[str]:
+    return [PY, "-c", SCRIPTED, str(tree / V2_EVENTS), str(tree.parent / f"{tree.name}-state"), json.dumps(steps)]
+
+
+def test_a_raised_limit_lifts_the_concurrency_cap(tmp_path: Path) -> None:
+    # 8 GiB: budget 7373 MiB, 7 jobs of 1 GiB. The first run is OOM-killed while the limit is raised to 9 GiB.
+    tree = cgroup_tree(tmp_path / "tree", 2, 8 * GiB)
+    raise_limit = {"write": {str(tree / "sys/fs/cgroup/memory.max"): str(9 * GiB)}, "oom": True}
+    rc, ev, _, _ = supervise_in_tree(
+        tree, command=scripted(tree, raise_limit, {}), shape={"per_job": GiB}, max_restarts=3
+    )
+    assert rc == 0
+    starts = [e for e in ev if e["event"] == "start"]
+    assert [e["concurrency"] for e in starts] == [7, 8]  # not 6: the cap of the 8 GiB limit is forgotten
+    assert [e["effective_bytes"] for e in starts] == [8 * GiB, 9 * GiB]
+    assert starts[1]["message"] == (
+        "the concurrency cap 6 from earlier OOM kills lifted: ceiling 8 GiB, plan 7 jobs -> ceiling 9 GiB, plan 8 jobs"
+    )
+    # the same without the resize: the cap holds
+    tree = cgroup_tree(tmp_path / "same", 2, 8 * GiB)
+    rc, ev, _, _ = supervise_in_tree(
+        tree, command=scripted(tree, {"oom": True}, {}), shape={"per_job": GiB}, max_restarts=3
+    )
+    assert rc == 0 and [e["concurrency"] for e in ev if e["event"] == "start"] == [7, 6]
+
+
+def test_a_healthy_run_lifts_the_cap(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2, 8 * GiB)
+    steps = ({"oom": True}, {"sleep": 0.5, "exit": 1}, {})
+    rc, ev, _, _ = supervise_in_tree(
+        tree, command=scripted(tree, *steps), shape={"per_job": GiB}, healthy_after=0.3, max_restarts=3
+    )
+    assert rc == 0
+    assert [e["concurrency"] for e in ev if e["event"] == "start"] == [7, 6, 7]
+    restarts = [e["message"] for e in ev if e["event"] == "restart"]
+    assert restarts[0] == "after an OOM kill: concurrency 7 -> 6"
+    assert restarts[1].startswith("the concurrency cap 6 from earlier OOM kills lifted: ran 0.")
+    assert restarts[1].endswith("s (--healthy-after 0.3s) without an OOM kill")
+
+
+def test_a_changed_limit_lifts_the_extra_margin(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2, 4 * GiB)
+    raise_limit = {"write": {str(tree / "sys/fs/cgroup/memory.max"): str(8 * GiB)}, "oom": True}
+    rc, ev, _, _ = supervise_in_tree(tree, command=scripted(tree, raise_limit, {}), max_restarts=3)
+    assert rc == 0
+    starts = [e for e in ev if e["event"] == "start"]
+    assert [e["budget_bytes"] for e in starts] == [3686 * MiB, 7372 * MiB]  # not 7116 MiB: the +256 MiB is gone
+    assert starts[1]["message"].startswith("the extra safety margin +256 MiB from earlier OOM kills lifted: ceiling 4")
+
+
+def test_adaptation_on_its_own() -> None:
+    a = Adaptation("concurrency", min_concurrency=2)
+    under = (8 * GiB, None, 7)
+    assert a.check(under) is None and a.capped(7) == 7
+    report: Any = {"budget": {"source": "auto", "basis_bytes": 8 * GiB}}
+    assert a.after_oom(report, 7, under) == "after an OOM kill: concurrency 7 -> 6"
+    assert a.check(under) is None and a.capped(7) == 6 and a.capped(5) == 5
+    a.after_oom(report, 3, under)
+    assert a.after_oom(report, 2, under) == "after an OOM kill: concurrency stays 2 (--min-concurrency)"
+    assert a.after_run(10, 5, "oom-kill") is None and a.after_run(1, 5, "exit") is None  # not healthy yet
+    assert a.check((8 * GiB, 7 * GiB, 7)) == (
+        "the concurrency cap 2 from earlier OOM kills lifted: "
+        "ceiling 8 GiB, plan 7 jobs -> ceiling 8 GiB, soft limit 7 GiB, plan 7 jobs"
+    )
+    assert a.capped(7) == 7 and a.check((1, 2, 3)) is None  # nothing left to lift
+    m = Adaptation("margin")
+    assert m.after_oom(report, None, under) == "after an OOM kill: safety margin raised by 409.6 MiB (now +409.6 MiB)"
+    assert m.extra_margin == oom_margin_step(8 * GiB)
+    assert m.after_run(5, 5, "exit") == (
+        "the extra safety margin +409.6 MiB from earlier OOM kills lifted: ran 5.0s (--healthy-after 5s) without "
+        "an OOM kill"
+    )
+    assert m.extra_margin == 0
+
+
 # -- isolation and orphans through a fake tree ------------------------------------------------
 
 
@@ -424,7 +613,8 @@ def test_run_isolates_the_worker_in_the_tree(tmp_path: Path) -> None:
     # kernel never made: unknown, so said).
     oom = [PY, "-c", OOM_WORKER, str(tree / V2_EVENTS), "1"]
     rc, ev, err, _ = supervise_in_tree(tree, command=oom, budget="1GiB", restart="never", isolate=True)
-    assert rc == 137 and (ev[1]["reason"], ev[1]["message"]) == ("signal", NO_COUNTER)
+    assert rc == 137 and ev[1]["reason"] == "signal" and ev[1]["message"].endswith("; " + NO_COUNTER)
+    assert "within the 1.25 GiB limit (isolated, " in ev[1]["message"]  # the peak against the group's own limit
 
 
 def test_run_says_why_it_cannot_isolate(tmp_path: Path) -> None:
@@ -599,3 +789,95 @@ def test_isolate_kills_only_the_worker(group: Group, tmp_path: Path) -> None:
     assert f"{group.dir.name}/oomguard-run-" in where.read_text()  # the worker ran in its own sub-group
     assert rc == 137 and ev[1]["reason"] == "oom-kill"  # 600 MiB > 200 MiB + 256 MiB margin; we survived to say so
     assert not list(group.dir.glob("oomguard-run-*"))  # removed afterwards
+
+
+@needs_cgroup
+def test_a_descendants_oom_kill_steps_concurrency_down(group: Group, tmp_path: Path) -> None:
+    """The seed's layout: the worker is a wrapper (a shell); the kernel OOM-kills its child."""
+    alloc = tmp_path / "alloc.py"
+    alloc.write_text(ALLOC)
+    size = "int(env['OOMGUARD_CONCURRENCY']) * 250 * 2**20"
+    wrapper = f'{PY} {alloc} "{size}" || exit 3'
+    rc, ev, err = run_in(group, tmp_path, "--per-job", "100MiB", "--max-jobs", "3", "--backoff-initial", "10ms",
+                         "--", "sh", "-c", wrapper)  # fmt: skip
+    assert rc == 0, err
+    exits = [e for e in ev if e["event"] == "exit"]
+    assert [(e["reason"], e["oom_victim"], e["exit_code"]) for e in exits] == [
+        ("oom-kill", "descendant", 3),
+        ("clean", None, 0),
+    ]
+    assert exits[0]["oom_kills"] == 1
+    assert exits[0]["message"].endswith(
+        "a descendant of the worker was OOM-killed (oom_kill +1); the worker then ended with code 3"
+    )
+    assert next(e for e in ev if e["event"] == "restart")["message"] == "after an OOM kill: concurrency 3 -> 2"
+
+
+# A process of the group outside the supervisor's tree: it says its PID, waits for GO, then
+# allocates far past the group's limit, first in line for the OOM killer.
+OUTSIDER = (
+    "import os, sys, time\n"
+    "open('/proc/self/oom_score_adj', 'w').write('1000')\n"
+    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "while not os.path.exists(sys.argv[2]): time.sleep(0.01)\n"
+    "chunks = []\n"
+    "while True:  # 16 MiB at a time until the OOM killer ends it\n"
+    "    c = bytearray(16 << 20); c[::4096] = b'x' * (len(c) // 4096); chunks.append(c)\n"
+)
+# The worker: says GO, waits until the outsider is dead, then is killed -9 (as by an operator).
+KILLED_9 = (
+    "import os, signal, sys, time\n"
+    "open(sys.argv[1], 'w').write('1')\n"
+    "pid = sys.argv[2]\n"
+    "def alive():\n"
+    "    try: return open('/proc/%s/stat' % pid).read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
+    "    except FileNotFoundError: return False\n"
+    "while alive(): time.sleep(0.01)\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+
+
+@needs_cgroup
+def test_a_kill_9_while_another_process_is_oom_killed_is_no_oom_kill(group: Group, tmp_path: Path) -> None:
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    script = f'echo $$ > "{group.dir}/cgroup.procs" && exec "$@"'
+    outsider = subprocess.Popen(["/bin/sh", "-c", script, "sh", PY, "-c", OUTSIDER, str(ready), str(go)])
+    try:
+        pid = wait_for(ready)
+        rc, ev, err = run_in(group, tmp_path, "--restart", "never", "--", PY, "-c", KILLED_9, str(go), pid)
+    finally:
+        outsider.kill()
+        outsider.wait()
+    assert outsider.returncode == -9  # the OOM killer's victim
+    assert rc == 137, err
+    end = ev[1]
+    assert (end["reason"], end["signal"], end["oom_victim"], end["oom_kills"]) == ("signal", 9, "group", 1)
+    assert "cannot tell whether it was this process (1 other process(es) of the group ended meanwhile" in end["message"]
+
+
+@needs_cgroup
+def test_an_oom_kill_of_the_worker_beside_a_living_outsider(group: Group, tmp_path: Path) -> None:
+    """Another process in the group (an agent, the entrypoint's shell) that lives on does not blur it."""
+    ready = tmp_path / "ready"
+    script = f'echo $$ > "{group.dir}/cgroup.procs" && exec "$@"'
+    code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    outsider = subprocess.Popen(["/bin/sh", "-c", script, "sh", PY, "-c", code, str(ready)])
+    try:
+        wait_for(ready)
+        rc, ev, err = run_in(group, tmp_path, "--restart", "never", "--", PY, "-c", ALLOC, str(2 * GiB))
+        assert outsider.poll() is None  # still there
+    finally:
+        outsider.kill()
+        outsider.wait()
+    assert rc == 137, err
+    assert (ev[1]["reason"], ev[1]["oom_victim"], ev[1]["oom_kills"]) == ("oom-kill", "worker", 1)
+
+
+@needs_cgroup
+def test_run_refuses_a_zero_budget(group: Group, tmp_path: Path) -> None:
+    group.set_limit(256 * MiB)  # the 256 MiB margin floor takes it all
+    marker = tmp_path / "started"
+    rc, ev, err = run_in(group, tmp_path, "--", "touch", str(marker))
+    assert rc == 3 and not marker.exists()
+    assert [e["event"] for e in ev] == ["give-up"] and ev[0]["budget_bytes"] == 0
+    assert err.count("\n") == 1 and err.startswith("oomguard run: give-up: the budget is 0 B: the 256 MiB safety")

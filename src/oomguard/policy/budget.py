@@ -8,6 +8,16 @@ Precedence: ``--budget`` flag, then ``OOMGUARD_BUDGET`` in the probed environmen
   default margin is min(10 GiB, max(256 MiB, 10% of basis)); ``--margin`` overrides it.
 - explicit (``SIZE`` or ``PCT%`` of the basis): kept as the operator's override, with no
   margin; above the hard ceiling it adds warning ``budget-exceeds-limit``.
+
+Warnings about the budget: ``budget-unknown``, ``budget-exceeds-limit``,
+``budget-exceeds-soft-limit``, ``budget-too-small`` (a budget of 0: a worker given it cannot
+run, and ``run`` refuses to start one; with a plan, ``plan.py`` also warns when the baseline
+and one job do not fit), and ``oom-kills-seen``: the memory cgroup's ``oom_kill`` counter is
+above 0, so processes in this group were OOM-killed since it was made; a budget computed
+from this group's limit did not prevent that, or the kills came before it was used
+(v2 ``memory.events``, v1 ``memory.oom_control``: Documentation/admin-guide/cgroup-v2.rst and
+cgroup-v1/memory.rst, "oom_kill: The number of processes belonging to this cgroup killed by
+any kind of OOM killer").
 """
 
 from __future__ import annotations
@@ -84,7 +94,35 @@ def resolve_budget(
     }
     report["budget"] = section
     _check(report, section)
+    _oom_kills_seen(report)
     return section
+
+
+def _oom_kills_seen(report: Report) -> None:
+    oom = report["memory"]["oom"]
+    if oom is not None and oom["oom_kill"]:
+        add_warning(
+            report["warnings"],
+            "oom-kills-seen",
+            f"the memory cgroup's oom_kill counter is {oom['oom_kill']} ({oom['source']}): processes in "
+            "this group were OOM-killed since it was made",
+        )
+
+
+def _too_small(report: Report, b: BudgetSection, value: int) -> None:
+    if b["source"] == "auto" and b["basis_bytes"] is not None:
+        why = (
+            f"the {format_size(b['safety_margin_bytes'])} safety margin takes all of the "
+            f"{format_size(b['basis_bytes'])} basis ({report['memory']['limited_by']})"
+        )
+    else:
+        why = f"as given ({b['requested']!r})"
+    add_warning(
+        report["warnings"],
+        "budget-too-small",
+        f"the {b['source']} budget is {format_size(value)}: {why}; a worker given it cannot run "
+        "(oomguard run does not start one)",
+    )
 
 
 def _check(report: Report, b: BudgetSection) -> None:
@@ -93,6 +131,8 @@ def _check(report: Report, b: BudgetSection) -> None:
     if value is None:
         add_warning(warnings, "budget-unknown", "the memory ceiling is unknown, so no budget could be computed")
         return
+    if value <= 0:
+        _too_small(report, b, value)
     if b["source"] == "auto":
         return
     if mem["effective_bytes"] is not None and value > mem["effective_bytes"]:

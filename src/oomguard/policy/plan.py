@@ -2,8 +2,11 @@
 
 capacity per constraint (null when the constraint does not apply):
 - memory:   floor((budget - baseline) / per_job), 0 when the baseline alone does not fit
-- memlock:  floor((memlock soft limit - pinned baseline) / pinned_per_job), only with
-            --pinned-per-job, and not when CAP_IPC_LOCK is held or the limit is unlimited
+- memlock:  0 when the pinned baseline alone is above the memlock soft limit; else
+            floor((memlock soft limit - pinned baseline) / pinned_per_job) with
+            --pinned-per-job (null without it); null when CAP_IPC_LOCK is held or the limit is
+            unlimited. setrlimit(2), RLIMIT_MEMLOCK: "the maximum number of bytes of memory
+            that may be locked into RAM", enforced by mlock(2) unless CAP_IPC_LOCK is held.
 - gpu:      device memory per job on each visible GPU (applies once the GPU probe exists)
 - max_jobs: the cap given
 - cpu:      floor(effective CPUs / cpus_per_job + 1e-9), only with --cpus-per-job (the
@@ -82,7 +85,7 @@ class Shape:
 
 
 def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
-    if shape.pinned_per_job is None:
+    if shape.pinned_per_job is None and not shape.pinned_baseline:
         return None
     ml = report["memlock"]
     if ml["cap_ipc_lock"]:
@@ -93,7 +96,43 @@ def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]
     soft = ml["soft_bytes"]
     if soft is None:
         return None
-    return max(0, (soft - shape.pinned_baseline) // shape.pinned_per_job)
+    if shape.pinned_baseline > soft:
+        return 0
+    return None if shape.pinned_per_job is None else (soft - shape.pinned_baseline) // shape.pinned_per_job
+
+
+def _memlock_warning(report: Report, shape: Shape, capacity: PlanCapacity, warnings: list[WarningEntry]) -> None:
+    """``memlock-too-low`` when RLIMIT_MEMLOCK binds: below the pinned baseline, or fewer jobs than fit otherwise."""
+    mem_n = capacity["memlock"]
+    others = [c for n, c in capacity.items() if isinstance(c, int) and n != "memlock"]
+    soft = format_size(report["memlock"]["soft_bytes"])
+    fix = "raise it (docker run --ulimit memlock=BYTES, systemd LimitMEMLOCK=) or grant CAP_IPC_LOCK"
+    if mem_n == 0 and shape.pinned_baseline:
+        add_warning(
+            warnings,
+            "memlock-too-low",
+            f"RLIMIT_MEMLOCK ({soft}) is below the {format_size(shape.pinned_baseline)} pinned baseline: "
+            f"pinning it fails, so no job can run; {fix}",
+        )
+    elif mem_n is not None and mem_n < min(others):
+        add_warning(
+            warnings,
+            "memlock-too-low",
+            f"RLIMIT_MEMLOCK ({soft}) lets only {mem_n} job(s) pin {format_size(shape.pinned_per_job)} each "
+            f"where {min(others)} would fit otherwise; {fix}",
+        )
+
+
+def _budget_warning(budget: int | None, shape: Shape, warnings: list[WarningEntry]) -> None:
+    """``budget-too-small`` when the budget holds not even the baseline and one job (0 B: said by the budget)."""
+    need = shape.baseline + shape.per_job
+    if budget is not None and 0 < budget < need:
+        add_warning(
+            warnings,
+            "budget-too-small",
+            f"the budget {format_size(budget)} is below the plan's baseline {format_size(shape.baseline)} "
+            f"+ one job {format_size(shape.per_job)} = {format_size(need)}: no job fits",
+        )
 
 
 def _gpu_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
@@ -136,15 +175,8 @@ def make_plan(report: Report, shape: Shape) -> Plan:
     budget = report["budget"]["bytes"]
     capacity = _capacity(report, shape, warnings)
     concurrency, binding = _smallest(capacity)
-    others = [c for n, c in capacity.items() if isinstance(c, int) and n != "memlock"]
-    if capacity["memlock"] is not None and capacity["memlock"] < min(others):
-        add_warning(
-            warnings,
-            "memlock-too-low",
-            f"RLIMIT_MEMLOCK ({format_size(report['memlock']['soft_bytes'])}) lets only {capacity['memlock']} "
-            f"job(s) pin {format_size(shape.pinned_per_job)} each where {min(others)} would fit otherwise; raise it "
-            "(docker run --ulimit memlock=BYTES, systemd LimitMEMLOCK=) or grant CAP_IPC_LOCK",
-        )
+    _budget_warning(budget, shape, warnings)
+    _memlock_warning(report, shape, capacity, warnings)
     headroom = None if budget is None else budget - shape.baseline - concurrency * shape.per_job
     if shape.pinned_per_job is not None and concurrency:
         add_warning(
@@ -183,6 +215,11 @@ def explain(report: Report, shape: Shape, n: int, binding: str, capacity: PlanCa
         return f"{jobs}, memory binds: {inner} / {format_size(shape.per_job)} per job"
     if binding == "memlock":
         soft = report["memlock"]["soft_bytes"]
+        if shape.pinned_per_job is None or (n == 0 and soft is not None and shape.pinned_baseline > soft):
+            return (
+                f"{jobs}, memlock binds: the {format_size(shape.pinned_baseline)} pinned baseline is above "
+                f"RLIMIT_MEMLOCK ({format_size(soft)}) (no CAP_IPC_LOCK)"
+            )
         pinned = f" - {format_size(shape.pinned_baseline)} pinned baseline" if shape.pinned_baseline else ""
         return (
             f"{jobs}, memlock binds: ({format_size(soft)} RLIMIT_MEMLOCK{pinned}) / "

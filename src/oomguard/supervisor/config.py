@@ -1,29 +1,86 @@
 """What a worker of ``oomguard run`` is given: the run's settings, its arguments and environment.
 
-The worker gets its budget three ways: ``OOMGUARD_BUDGET_BYTES`` (bytes), ``OOMGUARD_BUDGET``
-(exact, "21694MiB") and, with a job shape, ``OOMGUARD_CONCURRENCY``; and the placeholders
-``{budget_bytes}``, ``{budget}``, ``{budget_gib}`` and ``{concurrency}`` in its arguments.
+The worker gets its budget as variables and as placeholders in its arguments (docs/run.md):
+
+| placeholder             | variable                       | value                                    |
+|-------------------------|--------------------------------|------------------------------------------|
+| ``{budget_bytes}``      | ``OOMGUARD_BUDGET_BYTES``      | the budget in bytes                      |
+| ``{budget}``            | ``OOMGUARD_BUDGET``            | the same, exact: "21694MiB"              |
+| ``{budget_gib}``        |                                | whole GiB, rounded down                  |
+| ``{concurrency}``       | ``OOMGUARD_CONCURRENCY``       | the jobs to run (1)                      |
+| ``{per_job_bytes}``     | ``OOMGUARD_PER_JOB_BYTES``     | the shape's per-job size (1)             |
+| ``{jobs_budget_bytes}`` | ``OOMGUARD_JOBS_BUDGET_BYTES`` | budget - baseline: memory for jobs (1)   |
+| ``{jobs_bytes}``        | ``OOMGUARD_JOBS_BYTES``        | concurrency x per-job (1, 2)             |
+
+(1) with plan flags only. (2) the memory of the jobs run now: it follows each OOM step-down.
+
+A placeholder is a name in braces, ``{budget}``. A name that looks like one of oomguard's
+but is not (``{budjet}``, ``{jobs}``, ``{budget_mib}``: close to a known name, or holding one
+of its stems), or a plan placeholder without plan flags, is a usage error that names it,
+before anything starts: a typo would otherwise reach the worker as text. Any other braces
+pass through unchanged: shell parameters (``${HOME}``, ``${x}``), f-string fields in
+``python -c`` code (``{n}``, ``{n + 1}``), ``{'a': 1}``, awk's ``{print $1}``, JSON.
+``{{name}}`` is the literal text ``{name}`` (as in ``str.format``).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 
 from oomguard.errors import UsageError
 from oomguard.policy.plan import Shape
 from oomguard.supervisor.restart import RestartPolicy
 from oomguard.units import GiB, format_size_exact
 
+ALWAYS = ("budget_bytes", "budget", "budget_gib")
+WITH_PLAN = ("concurrency", "per_job_bytes", "jobs_budget_bytes", "jobs_bytes")
+_TOKEN = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|(?<!\$)\{([A-Za-z_]\w*)\}")
+# A name holding one of these (case aside) is taken for a mistyped placeholder, not for the worker's text.
+_STEMS = ("budget", "job", "concurr", "gib")
+
+
+def _ours(name: str) -> list[str]:
+    """The known placeholder *name* looks like a typo of, or nothing: then it is the worker's own text."""
+    lower, known = name.lower(), (*ALWAYS, *WITH_PLAN)
+    close = difflib.get_close_matches(lower, known, n=1, cutoff=0.75)
+    if close or not any(stem in lower for stem in _STEMS):
+        return close
+    return difflib.get_close_matches(lower, known, n=1, cutoff=0.0)
+
+
+def _replace(arg: str, values: dict[str, str]) -> str:
+    def one(m: re.Match[str]) -> str:
+        literal, name = m.group(1), m.group(2)
+        if literal is not None:
+            return "{" + literal + "}"
+        if name in values:
+            return values[name]
+        if name in WITH_PLAN:
+            raise UsageError(f"run: the placeholder {{{name}}} needs plan flags (--per-job or --profile)")
+        like = _ours(name)
+        if not like:
+            return m.group(0)  # the worker's own braces: an f-string field, a template
+        hint = f"did you mean {{{like[0]}}}? "
+        known = ", ".join("{" + k + "}" for k in (*ALWAYS, *WITH_PLAN))
+        raise UsageError(
+            f"run: unknown placeholder {{{name}}} in the worker's arguments ({hint}known: {known}; "
+            f"write {{{{{name}}}}} for a literal {{{name}}})"
+        )
+
+    return _TOKEN.sub(one, arg)
+
 
 def substitute(args: list[str], values: dict[str, str]) -> list[str]:
-    """Replace ``{budget}``-style placeholders; other braces stay as they are."""
-    out = []
-    for arg in args:
-        new = arg
-        for key, value in values.items():
-            new = new.replace("{" + key + "}", value)
-        out.append(new)
-    return out
+    """Replace ``{name}`` placeholders by *values*, ``{{name}}`` by ``{name}``; ``UsageError`` for a mistyped one."""
+    return [_replace(arg, values) for arg in args]
+
+
+def check_placeholders(command: list[str], with_plan: bool) -> None:
+    """Raise ``UsageError`` now for what ``substitute`` would refuse at the first start."""
+    names = ALWAYS + (WITH_PLAN if with_plan else ())
+    substitute(command, dict.fromkeys(names, ""))
 
 
 class RunConfig:
@@ -48,8 +105,7 @@ class RunConfig:
             raise UsageError(f"--on-oom: expected concurrency or margin, got {on_oom!r}")
         if on_oom == "concurrency" and shape is None:
             raise UsageError("--on-oom concurrency needs plan flags (--per-job or --profile)")
-        if "{concurrency}" in " ".join(command) and shape is None:
-            raise UsageError("run: the placeholder {concurrency} needs plan flags (--per-job or --profile)")
+        check_placeholders(command, shape is not None)
         self.command = command
         self.budget = budget
         self.margin = margin
@@ -61,15 +117,28 @@ class RunConfig:
         self.isolate = isolate
 
 
-def worker_env_and_args(command: list[str], budget: int, concurrency: int | None) -> tuple[dict[str, str], list[str]]:
+def worker_values(budget: int, concurrency: int | None, shape: Shape | None) -> dict[str, str]:
+    """The placeholders' values for one start (the plan's only with a shape and a concurrency)."""
+    values = {"budget_bytes": str(budget), "budget": format_size_exact(budget), "budget_gib": str(budget // GiB)}
+    if shape is not None and concurrency is not None:
+        values |= {
+            "concurrency": str(concurrency),
+            "per_job_bytes": str(shape.per_job),
+            "jobs_budget_bytes": str(max(0, budget - shape.baseline)),
+            "jobs_bytes": str(concurrency * shape.per_job),
+        }
+    return values
+
+
+def worker_env_and_args(
+    command: list[str], budget: int, concurrency: int | None, shape: Shape | None = None
+) -> tuple[dict[str, str], list[str]]:
     """The worker's environment (this process's plus the budget variables) and its arguments."""
-    values = {
-        "budget_bytes": str(budget),
-        "budget": format_size_exact(budget),
-        "budget_gib": str(budget // GiB),
-    }
+    values = worker_values(budget, concurrency, shape)
     env = {**os.environ, "OOMGUARD_BUDGET_BYTES": values["budget_bytes"], "OOMGUARD_BUDGET": values["budget"]}
     if concurrency is not None:
-        values["concurrency"] = str(concurrency)
-        env["OOMGUARD_CONCURRENCY"] = values["concurrency"]
+        env["OOMGUARD_CONCURRENCY"] = str(concurrency)
+    for name in WITH_PLAN[1:]:
+        if name in values:
+            env["OOMGUARD_" + name.upper()] = values[name]
     return env, substitute(command, values)

@@ -3,8 +3,15 @@
 Every event has the same keys (null where they do not apply)::
 
     {"event": "start"|"exit"|"restart"|"give-up"|"stop", "time": ISO 8601 UTC, "pid",
-     "budget_bytes", "concurrency", "reason": "oom-kill"|"signal"|"exit"|"clean",
-     "exit_code", "signal", "duration_s", "delay_s", "peak_bytes", "message"}
+     "budget_bytes", "concurrency", "effective_bytes", "limited_by",
+     "reason": "oom-kill"|"signal"|"exit"|"clean", "exit_code", "signal",
+     "oom_kills", "oom_victim": "worker"|"descendant"|"group",
+     "duration_s", "delay_s", "peak_bytes", "warnings", "message"}
+
+``effective_bytes`` and ``limited_by`` are the hard ceiling the budget was computed from and
+where it came from (the report's ``memory`` section), so a limit change shows as such;
+``warnings`` lists the codes ``run`` printed when it started the worker (a budget above the
+ceiling); an ``exit`` event's message compares the peak with the budget and the limit.
 """
 
 from __future__ import annotations
@@ -23,14 +30,40 @@ FIELDS = (
     "pid",
     "budget_bytes",
     "concurrency",
+    "effective_bytes",
+    "limited_by",
     "reason",
     "exit_code",
     "signal",
+    "oom_kills",
+    "oom_victim",
     "duration_s",
     "delay_s",
     "peak_bytes",
+    "warnings",
     "message",
 )
+
+
+def _against(peak: int, size: int, what: str, source: str | None = None) -> str:
+    """ "over its 3.6 GiB budget" or "within the 4 GiB limit (cgroup-v2, 93%)"."""
+    notes = [source] if source else []
+    if peak <= size and size > 0:
+        notes.append(f"{peak * 100 // size}%")
+    where = "over" if peak > size else "within"
+    return f"{where} {what.replace('SIZE', format_size(size))}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def peak_story(peak: int | None, budget: int | None, limit: int | None, limited_by: str | None) -> str | None:
+    """ "peak 3.98 GiB, over its 3.6 GiB budget, within the 4 GiB limit (cgroup-v2, 99%)"; None without a peak."""
+    if peak is None:
+        return None
+    parts = [f"peak {format_size(peak)}"]
+    if budget is not None:
+        parts.append(_against(peak, budget, "its SIZE budget"))
+    if limit is not None:
+        parts.append(_against(peak, limit, "the SIZE limit", limited_by))
+    return ", ".join(parts)
 
 
 def describe(e: dict[str, Any]) -> str:
@@ -44,10 +77,11 @@ def describe(e: dict[str, Any]) -> str:
             parts.append(f"concurrency {e['concurrency']}")
     if e["reason"] is not None:
         detail = {"signal": f" (signal {e['signal']})", "exit": f" (code {e['exit_code']})"}.get(e["reason"], "")
-        parts.append(f"{e['reason']}{detail}")
+        victim = " of a descendant" if e["reason"] == "oom-kill" and e["oom_victim"] == "descendant" else ""
+        parts.append(f"{e['reason']}{victim}{detail}")
     if e["duration_s"] is not None:
         parts.append(f"after {e['duration_s']:.1f}s")
-    if e["peak_bytes"] is not None:
+    if e["peak_bytes"] is not None and kind != "exit":  # an exit's message compares it
         parts.append(f"peak {format_size(e['peak_bytes'])}")
     if e["delay_s"] is not None:
         parts.append(f"in {e['delay_s']:.1f}s")

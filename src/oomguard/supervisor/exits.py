@@ -2,9 +2,30 @@
 
 The kernel's OOM killer ends its victim with SIGKILL (mm/oom_kill.c, ``__oom_kill_process``);
 so does an operator's ``kill -9``. What tells them apart is the memory cgroup's ``oom_kill``
-counter (``memory.events`` on v2, ``memory.oom_control`` on v1; see ``probes/counters.py``),
-read before the child started and after it was reaped: a SIGKILL while the counter rose is an
-OOM kill. When the counter cannot be read, a SIGKILL stays a "signal" with a note saying so.
+counter, read before the child started and after it was reaped (``probes/counters.py``):
+
+- v2 ``memory.events``: "oom_kill: The number of processes belonging to this cgroup killed by
+  any kind of OOM killer" (Documentation/admin-guide/cgroup-v2.rst), hierarchical;
+- v1 ``memory.oom_control``: the same counter, since Linux 4.13
+  (Documentation/admin-guide/cgroup-v1/memory.rst, "OOM Control"), the group's own processes.
+
+The counter says how many processes of the group died, not which. ``Evidence`` carries its
+rise (``kills``) and how many processes outside the caller's tree left the group meanwhile
+(``others_gone``, ``supervisor/members.py``); ``kills - others_gone`` kills at least fell
+inside the tree. The verdict, for a child that did not exit 0:
+
+| the counter | inside the tree | SIGKILL                  | another end (code, signal)          |
+|-------------|-----------------|--------------------------|-------------------------------------|
+| unreadable  | -               | signal (``NO_COUNTER``)   | exit / signal                       |
+| did not rise| -               | signal (a kill -9)       | exit / signal                       |
+| rose        | at least one    | oom-kill, victim worker  | oom-kill, victim descendant (1)     |
+| rose        | maybe none      | signal, victim group     | exit / signal, victim group         |
+
+(1) a wrapper's child: only with *descendants* (``verify``'s children have none).
+"victim group" says it in words: an OOM kill happened in the group during the run, and it
+cannot be told whether it was this process. A child that exits 0 stays ``clean``; a counter
+that rose meanwhile is said in the note. With ``run --isolate`` nothing else is in the group,
+so the attribution is exact.
 
 The return code is as ``subprocess.Popen`` gives it (``os.waitstatus_to_exitcode``): the exit
 status, or minus the signal number.
@@ -13,27 +34,75 @@ status, or minus the signal number.
 from __future__ import annotations
 
 import signal
+from typing import NamedTuple
 
 CLEAN = "clean"
 EXIT = "exit"
 SIGNAL = "signal"
 OOM_KILL = "oom-kill"
 REASONS = (CLEAN, EXIT, SIGNAL, OOM_KILL)
+# Who the OOM killer hit, as far as the evidence goes (an event's ``oom_victim``).
+WORKER, DESCENDANT, GROUP = "worker", "descendant", "group"
 NO_COUNTER = "no oom_kill counter is readable: an OOM kill cannot be told from another SIGKILL"
+ISOLATE_HINT = "--isolate tells exactly"
 
 
-def classify(returncode: int, oom_before: int | None, oom_after: int | None) -> tuple[str, str | None]:
-    """(one of ``REASONS``, a note when the OOM counter could not be read)."""
+class Evidence(NamedTuple):
+    """What the caller measured around one child: the counter's rise, outsiders gone (None: unknown)."""
+
+    kills: int | None
+    others_gone: int | None = 0
+
+
+class Verdict(NamedTuple):
+    reason: str
+    victim: str | None
+    note: str | None
+
+
+def evidence(before: int | None, after: int | None, others_gone: int | None = 0) -> Evidence:
+    """Evidence from two counter readings; a counter that went down (the group re-made) rose by 0."""
+    kills = None if before is None or after is None else max(0, after - before)
+    return Evidence(kills, others_gone)
+
+
+def _end(returncode: int) -> str:
+    return f"code {returncode}" if returncode >= 0 else f"signal {-returncode}"
+
+
+def _unplaced(e: Evidence, who: str) -> str:
+    why = (
+        "the group's processes could not be read"
+        if e.others_gone is None
+        else f"{e.others_gone} other process(es) of the group ended meanwhile"
+    )
+    return (
+        f"an OOM kill happened in the group during the run (oom_kill +{e.kills}); cannot tell "
+        f"whether it was {who} ({why}; {ISOLATE_HINT})"
+    )
+
+
+def classify(returncode: int, e: Evidence, *, descendants: bool = True) -> Verdict:
+    """The verdict on one child's end (the table above); *descendants* False: it had none."""
+    plain = EXIT if returncode > 0 else SIGNAL
+    kills = e.kills or 0
+    inside = kills - e.others_gone if e.others_gone is not None else 0
     if returncode == 0:
-        return CLEAN, None
-    if returncode > 0:
-        return EXIT, None
-    if returncode == -signal.SIGKILL:
-        if oom_before is None or oom_after is None:
-            return SIGNAL, NO_COUNTER
-        if oom_after > oom_before:
-            return OOM_KILL, None
-    return SIGNAL, None
+        if not kills or not descendants:
+            return Verdict(CLEAN, None, None)
+        victim = DESCENDANT if inside > 0 else GROUP
+        return Verdict(CLEAN, victim, f"exited 0, but the group's oom_kill counter rose by {kills} during the run")
+    sigkill = returncode == -signal.SIGKILL
+    if e.kills is None:
+        return Verdict(SIGNAL, None, NO_COUNTER) if sigkill else Verdict(plain, None, None)
+    if not kills or not (sigkill or descendants):
+        return Verdict(plain, None, None)
+    if inside > 0 and sigkill:
+        return Verdict(OOM_KILL, WORKER, None)
+    if inside > 0:
+        note = f"a descendant of the worker was OOM-killed (oom_kill +{kills})"
+        return Verdict(OOM_KILL, DESCENDANT, f"{note}; the worker then ended with {_end(returncode)}")
+    return Verdict(plain, GROUP, _unplaced(e, "this process" if sigkill else "one of its descendants"))
 
 
 def exit_fields(returncode: int) -> dict[str, int | None]:

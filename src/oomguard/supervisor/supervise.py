@@ -2,7 +2,12 @@
 
 Before each start the probe runs again (limits change at run time), the budget (and, with a
 job shape, the concurrency) is computed, and the worker gets ``OOMGUARD_BUDGET_BYTES``,
-``OOMGUARD_BUDGET`` and ``OOMGUARD_CONCURRENCY`` plus placeholders in its arguments.
+``OOMGUARD_BUDGET`` and ``OOMGUARD_CONCURRENCY`` plus placeholders in its arguments
+(``config.py``). A budget that cannot work starts nothing (``admit.py``); what earlier OOM
+kills lowered is forgotten when the limit or the plan changes (``adapt.py``). Each end is
+classified from the group's ``oom_kill`` counter and who else left the group meanwhile
+(``exits.py``, ``members.py``), and the exit event compares the peak with the budget and
+the limit (``events.py``).
 
 The worker runs in its own process group and session; SIGTERM, SIGINT and SIGHUP sent to the
 supervisor go to that group, and ``stop_timeout`` later SIGKILL follows. The supervisor is a
@@ -26,15 +31,18 @@ from collections.abc import Callable
 from typing import Any
 
 from oomguard.errors import EXIT_THRESHOLD, BudgetUnknownError, CommandNotFoundError
-from oomguard.policy.budget import default_margin, probe, resolve_budget
+from oomguard.policy.budget import probe, resolve_budget
 from oomguard.policy.plan import make_plan
 from oomguard.probes.counters import read_oom_kills
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import LiveRoot, Root
+from oomguard.supervisor.adapt import OOM_STEP_MIN, Adaptation, Key, oom_margin_step, situation
+from oomguard.supervisor.admit import refusal, start_note
 from oomguard.supervisor.config import RunConfig, substitute, worker_env_and_args
-from oomguard.supervisor.events import EventLog
-from oomguard.supervisor.exits import OOM_KILL, classify, exit_fields, shell_status
-from oomguard.supervisor.isolate import Isolation
+from oomguard.supervisor.events import EventLog, peak_story
+from oomguard.supervisor.exits import OOM_KILL, classify, evidence, exit_fields, shell_status
+from oomguard.supervisor.isolate import Isolation, isolation_limit
+from oomguard.supervisor.members import gone, outsiders
 from oomguard.supervisor.process import (
     PR_SET_CHILD_SUBREAPER,
     PR_SET_PDEATHSIG,
@@ -43,25 +51,15 @@ from oomguard.supervisor.process import (
     prctl_failure,
     set_prctl,
 )
-from oomguard.units import MiB, format_size
+from oomguard.units import MiB
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import Report
+    from oomguard._types import Plan, Report
 
-__all__ = ["RunConfig", "Supervisor", "oom_margin_step", "prepare_child", "substitute"]
+__all__ = ["OOM_STEP_MIN", "RunConfig", "Supervisor", "oom_margin_step", "prepare_child", "substitute"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# After an OOM kill under --on-oom margin, an auto budget's safety margin grows by
-# max(256 MiB, 5% of the basis) per kill (docs/run.md); 256 MiB is also the floor of the
-# default margin (policy/budget.py MARGIN_MIN), so a small basis still moves visibly.
-OOM_STEP_MIN = 256 * MiB
-OOM_STEP_RATIO = 0.05
-
-
-def oom_margin_step(basis_bytes: int | None) -> int:
-    """How much an auto budget's margin grows after one OOM kill: max(256 MiB, 5% of the basis)."""
-    return max(OOM_STEP_MIN, int((basis_bytes or 0) * OOM_STEP_RATIO))
 
 
 def prepare_child(libc: Any, tell: bool, isolation: Isolation | None) -> None:
@@ -103,8 +101,8 @@ class Supervisor:
         self.sleep = sleep
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping: int | None = None  # the operator's signal, once one came
-        self.concurrency_cap: int | None = None
-        self.extra_margin = 0
+        self.adapt = Adaptation(config.on_oom, config.min_concurrency)
+        self._situation: Key | None = None  # the limits and uncapped plan of the current start
         self._deathsig_reported = False  # PR_SET_PDEATHSIG's failure is told by the first start only
 
     # -- signals ---------------------------------------------------------------------------
@@ -123,20 +121,22 @@ class Supervisor:
                 os.killpg(self.child.pid, signum)
 
     # -- one start -------------------------------------------------------------------------
-    def _prepare(self) -> tuple[Report, int | None]:
-        """(report, concurrency), computed afresh before each start."""
+    def _plan(self, report: Report) -> Plan | None:
+        return make_plan(report, self.cfg.shape) if self.cfg.shape is not None else None
+
+    def _prepare(self) -> tuple[Report, Plan | None, str | None]:
+        """(report, plan, what was lifted), computed afresh before each start."""
         report = probe(root=self.root, budget=self.cfg.budget, margin=self.cfg.margin)
+        fresh = self._plan({**report, "warnings": []})  # the plan before any lesson of an OOM kill
+        self._situation = situation(report, fresh["concurrency"] if fresh else None)
+        lifted = self.adapt.check(self._situation)
         b = report["budget"]
-        if self.extra_margin and b["source"] == "auto" and b["safety_margin_bytes"] is not None:
-            margin = b["safety_margin_bytes"] + self.extra_margin
+        if self.adapt.extra_margin and b["source"] == "auto" and b["safety_margin_bytes"] is not None:
+            margin = b["safety_margin_bytes"] + self.adapt.extra_margin
             resolve_budget(report, budget=self.cfg.budget, margin=str(margin), env=self.root.environ())
         if report["budget"]["bytes"] is None:
             raise BudgetUnknownError("run")
-        concurrency = None
-        if self.cfg.shape is not None:
-            planned = make_plan(report, self.cfg.shape)["concurrency"]
-            concurrency = planned if self.concurrency_cap is None else min(planned, self.concurrency_cap)
-        return report, concurrency
+        return report, self._plan(report), lifted
 
     def _spawn(self, env: dict[str, str], args: list[str], isolation: Isolation | None) -> subprocess.Popen[bytes]:
         tell, self._deathsig_reported = not self._deathsig_reported, True
@@ -151,14 +151,15 @@ class Supervisor:
         except PermissionError:
             raise CommandNotFoundError(f"run: cannot execute {args[0]!r}: permission denied") from None
 
-    def _isolation(self, report: Report, budget: int) -> Isolation | None:
+    def _isolation(self, report: Report, budget: int) -> tuple[Isolation | None, int | None]:
+        """The worker's own group, if asked for and possible, and its limit."""
         if not self.cfg.isolate:
-            return None
-        margin = report["budget"]["safety_margin_bytes"] or default_margin(budget)
+            return None, None
+        limit = isolation_limit(report, budget)
         name = f"oomguard-run-{os.getpid()}"
-        iso, why = Isolation.create(report, budget + margin, name, self.root, self.cgroupfs)
+        iso, why = Isolation.create(report, limit, name, self.root, self.cgroupfs)
         self.log.stderr.write(f"oomguard run: {'isolate: ' + why if iso else 'cannot isolate: ' + why}\n")
-        return iso
+        return iso, limit if iso else None
 
     def _wait(self) -> tuple[int, int | None]:
         """Block until the worker exits: (returncode as Popen gives it, peak RSS bytes)."""
@@ -183,29 +184,37 @@ class Supervisor:
                     deadline = self.clock() + 2.0
                 time.sleep(0.01)
 
-    def _run_once(self, report: Report, budget: int, concurrency: int | None) -> tuple[int, dict[str, Any], float]:
+    def _run_once(self, report: Report, ctx: dict[str, Any], lifted: str | None) -> tuple[int, dict[str, Any], float]:
         """Start the worker, wait for it, classify its end: (returncode, event fields, uptime)."""
-        env, args = worker_env_and_args(self.cfg.command, budget, concurrency)
-        isolation = self._isolation(report, budget)
+        budget, concurrency = ctx["budget_bytes"], ctx["concurrency"]
+        env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.cfg.shape)
+        isolation, iso_limit = self._isolation(report, budget)
         oom = report["memory"]["oom"]
         oom_source = isolation.oom_source if isolation else oom["source"] if oom else None
+        group = os.path.dirname(oom_source) if oom_source else None
+        version = isolation.version if isolation else report["memory"]["cgroup"]["version"]
+        others = outsiders(self.root, group, version, os.getpid())
         before = read_oom_kills(self.root, oom_source)
         started = self.clock()
         self.child = self._spawn(env, args, isolation)
         pid = self.child.pid
-        self.log.emit("start", pid=pid, budget_bytes=budget, concurrency=concurrency)
+        self.log.emit("start", pid=pid, **ctx, **start_note(report, lifted))
         if self.stopping is not None:  # a signal between spawn and now
             self._on_signal(self.stopping, None)
         rc, peak = self._wait()
         after = read_oom_kills(self.root, oom_source)
+        e = evidence(before, after, gone(others, outsiders(self.root, group, version, os.getpid())))
         self._cleanup_group()
         if isolation is not None:
             peak = isolation.peak() or peak
             isolation.remove()
         uptime = self.clock() - started
-        reason, note = classify(rc, before, after)
-        common = {"pid": pid, "budget_bytes": budget, "concurrency": concurrency, "reason": reason, **exit_fields(rc)}
-        self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, message=note, **common)
+        verdict = classify(rc, e)
+        common = {"pid": pid, **ctx, "reason": verdict.reason, "oom_kills": e.kills, "oom_victim": verdict.victim}
+        common |= exit_fields(rc)
+        limit, source = (iso_limit, "isolated") if iso_limit else (ctx["effective_bytes"], ctx["limited_by"])
+        story = "; ".join(filter(None, [peak_story(peak, budget, limit, source), verdict.note])) or None
+        self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, message=story, **common)
         return rc, common, uptime
 
     # -- the loop --------------------------------------------------------------------------
@@ -223,30 +232,36 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
-            report, concurrency = self._prepare()
+            report, plan, lifted = self._prepare()
             budget = int(report["budget"]["bytes"] or 0)
             if report["budget"]["source"] == "auto":
                 budget = budget // MiB * MiB  # whole MiB, so {budget} reads "21694MiB"
-            refused = self._refuse_start(budget, concurrency)
+            mem = report["memory"]
+            ctx = {
+                "budget_bytes": budget,
+                "concurrency": self.adapt.capped(plan["concurrency"]) if plan else None,
+                "effective_bytes": mem["effective_bytes"],
+                "limited_by": mem["limited_by"],
+            }
+            refused = self._refuse_start(report, plan, ctx)
             if refused is not None:
                 return refused
-            rc, common, uptime = self._run_once(report, budget, concurrency)
-            if not self._restart(report, concurrency, common, uptime):
+            rc, common, uptime = self._run_once(report, ctx, lifted)
+            if not self._restart(report, common, uptime):
                 return shell_status(rc)
 
-    def _refuse_start(self, budget: int, concurrency: int | None) -> int | None:
-        """The exit status when the worker must not start (no job fits, or a stop came); else None."""
-        if concurrency == 0:
-            message = "the plan fits 0 jobs in this budget; not starting the worker"
-            self.log.emit("give-up", budget_bytes=budget, concurrency=0, message=message)
+    def _refuse_start(self, report: Report, plan: Plan | None, ctx: dict[str, Any]) -> int | None:
+        """The exit status when the worker must not start (a budget that cannot work, a stop); else None."""
+        why = refusal(report, ctx["budget_bytes"], plan)
+        if why is not None:
+            self.log.emit("give-up", message=why, **ctx)
             return EXIT_THRESHOLD
         if self.stopping is not None:  # stopped while the budget was computed: start nothing
-            message = f"stopped by signal {self.stopping} before the start"
-            self.log.emit("stop", budget_bytes=budget, concurrency=concurrency, message=message)
+            self.log.emit("stop", message=f"stopped by signal {self.stopping} before the start", **ctx)
             return 128 + self.stopping
         return None
 
-    def _restart(self, report: Report, concurrency: int | None, common: dict[str, Any], uptime: float) -> bool:
+    def _restart(self, report: Report, common: dict[str, Any], uptime: float) -> bool:
         """After an exit: whether to start again (after the backoff); emits stop/give-up/restart."""
         if self.stopping is not None:
             self.log.emit("stop", message=f"stopped by signal {self.stopping}", **common)
@@ -259,27 +274,16 @@ class Supervisor:
             message = f"{policy.max_restarts} restarts within {policy.window:g}s"
             self.log.emit("give-up", message=message, **common)
             return False
-        lowered = self._after_oom(report, concurrency) if common["reason"] == OOM_KILL else None
+        healthy = self.adapt.after_run(uptime, policy.healthy_after, common["reason"])
+        if common["reason"] == OOM_KILL:
+            assert self._situation is not None
+            healthy = self.adapt.after_oom(report, common["concurrency"], self._situation)
         delay = policy.next_delay(uptime, now)
-        self.log.emit("restart", delay_s=delay, message=lowered, **common)
+        self.log.emit("restart", delay_s=delay, message=healthy, **common)
         if not self._backoff(delay):
             self.log.emit("stop", message=f"stopped by signal {self.stopping} during backoff", **common)
             return False
         return True
-
-    def _after_oom(self, report: Report, concurrency: int | None) -> str:
-        if self.cfg.on_oom == "concurrency" and concurrency is not None:
-            lowered = max(self.cfg.min_concurrency, concurrency - 1)
-            self.concurrency_cap = lowered
-            if lowered == concurrency:
-                return f"after an OOM kill: concurrency stays {concurrency} (--min-concurrency)"
-            return f"after an OOM kill: concurrency {concurrency} -> {lowered}"
-        b = report["budget"]
-        if b["source"] != "auto":
-            return f"after an OOM kill: the {b['source']} budget is kept as given (only an auto budget is lowered)"
-        step = oom_margin_step(b["basis_bytes"])
-        self.extra_margin += step
-        return f"after an OOM kill: safety margin raised by {format_size(step)} (now +{format_size(self.extra_margin)})"
 
     def _backoff(self, delay: float) -> bool:
         """Sleep *delay* seconds; False if an operator's signal came meanwhile."""

@@ -2,8 +2,10 @@
 
 Protocol: ``python -m oomguard.verify._alloc NBYTES`` (started by ``launch.start_child``). The
 child raises its own oom_score_adj to 1000 (proc(5): the OOM killer then picks it first, not the
-caller), maps NBYTES of anonymous memory, writes every page, prints one JSON line
-``{"touched": N, "seconds": S}``, then holds the memory until its stdin closes and exits 0.
+caller), maps NBYTES of anonymous memory and writes every page, printing
+``{"progress": BYTES, "seconds": S}`` every ``PROGRESS_EVERY`` seconds meanwhile (what
+``verify`` shows, ``verify/progress.py``); then it prints the final JSON line
+``{"touched": N, "seconds": S}``, holds the memory until its stdin closes and exits 0.
 
 When the mapping or a write fails it prints ``{"error": "..."}`` and exits ``EXIT_ALLOC_FAILED``.
 That status is the child's, read only by ``verify/runner.py`` (the child's ``outcome`` becomes
@@ -22,6 +24,20 @@ import time
 
 CHUNK = 16 * 1024 * 1024
 EXIT_ALLOC_FAILED = 71  # EX_OSERR; the child protocol's, see above
+PROGRESS_EVERY = 0.5  # seconds between two progress lines
+
+
+def _touch(m: mmap.mmap, n: int, start: float) -> None:
+    """Write every page of *m*, saying how far it got every ``PROGRESS_EVERY`` seconds."""
+    buf = b"\xa5" * min(CHUNK, n)
+    said = start
+    for off in range(0, n, CHUNK):
+        end = min(off + CHUNK, n)
+        m[off:end] = buf[: end - off]
+        now = time.perf_counter()
+        if now - said >= PROGRESS_EVERY and end < n:
+            print(json.dumps({"progress": end, "seconds": now - start}), flush=True)
+            said = now
 
 
 def main(argv: list[str]) -> int:
@@ -34,10 +50,7 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     try:
         m = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        buf = b"\xa5" * min(CHUNK, n)
-        for off in range(0, n, CHUNK):
-            end = min(off + CHUNK, n)
-            m[off:end] = buf[: end - off]
+        _touch(m, n, start)
     except (OSError, MemoryError, ValueError, OverflowError) as exc:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return EXIT_ALLOC_FAILED

@@ -5,32 +5,36 @@ The target (baseline + concurrency x per-job from a plan, or the whole budget) t
 one per CPU up to 8 for a bare budget). Each child raises its oom_score_adj to 1000,
 maps and writes its share, reports, and holds it until every child has reported and
 ``hold`` seconds have passed. A child that dies of SIGKILL while the memory cgroup's
-oom_kill counter rose was OOM-killed (``supervisor/exits.py``, the classifier ``run`` uses
-too). The parent allocates nothing large, and reads /proc and /sys only through a ``Root``.
+oom_kill counter rose, and no process outside verify's own tree left the group meanwhile,
+was OOM-killed (``supervisor/exits.py`` and ``supervisor/members.py``, as for ``run``). The
+parent allocates nothing large, and reads /proc and /sys only through a ``Root``. Progress
+goes to stderr (``verify/progress.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import subprocess
+import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from oomguard.errors import BudgetUnknownError
 from oomguard.policy.plan import Shape, make_plan
 from oomguard.probes.counters import read_oom_kills, read_peak_rss, read_usage
 from oomguard.sources.root import LiveRoot, Root
-from oomguard.supervisor.exits import CLEAN, EXIT, OOM_KILL, SIGNAL, classify, exit_fields
+from oomguard.supervisor.exits import CLEAN, EXIT, OOM_KILL, SIGNAL, Evidence, classify, evidence, exit_fields
+from oomguard.supervisor.members import gone, outsiders
 from oomguard.units import format_size
 from oomguard.verify._alloc import EXIT_ALLOC_FAILED
 from oomguard.verify.launch import start_child
+from oomguard.verify.progress import Progress, collect
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Plan, Report
 
-REPORT_TIMEOUT = 900.0  # seconds for all children to fault their memory in
 MAX_BUDGET_CHILDREN = 8
 # A child's outcome: the exit classifier's reason, in verify's words; plus "allocation-failed"
 # for a child that exits with the child protocol's EXIT_ALLOC_FAILED.
@@ -53,26 +57,11 @@ def split_target(report: Report, shape: Shape | None, fraction: float) -> tuple[
     return [int(s * fraction) for s in sizes if int(s * fraction) > 0], plan
 
 
-def outcome(returncode: int, oom_before: int | None, oom_after: int | None) -> str:
+def outcome(returncode: int, e: Evidence) -> str:
     """What became of one child: ok, exit, signal, oom-kill or allocation-failed."""
     if returncode == EXIT_ALLOC_FAILED:
         return "allocation-failed"
-    return OUTCOMES[classify(returncode, oom_before, oom_after)[0]]
-
-
-def _collect(procs: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
-    """Each child's JSON line ({} for none or garbage), waiting at most REPORT_TIMEOUT in all."""
-    lines: list[dict[str, Any]] = []
-    deadline = time.monotonic() + REPORT_TIMEOUT
-    for p in procs:
-        assert p.stdout is not None
-        text = p.stdout.readline() if time.monotonic() < deadline else ""
-        try:
-            msg = json.loads(text) if text else {}
-        except ValueError:
-            msg = {}
-        lines.append(msg if isinstance(msg, dict) else {})
-    return lines
+    return OUTCOMES[classify(returncode, e, descendants=False).reason]
 
 
 def _release(procs: list[subprocess.Popen[str]]) -> None:
@@ -89,9 +78,7 @@ def _release(procs: list[subprocess.Popen[str]]) -> None:
             p.wait()
 
 
-def _child(
-    n: int, p: subprocess.Popen[str], msg: dict[str, Any], before: int | None, after: int | None
-) -> dict[str, Any]:
+def _child(n: int, p: subprocess.Popen[str], msg: dict[str, Any], e: Evidence) -> dict[str, Any]:
     error = msg.get("error") if isinstance(msg.get("error"), str) else None
     return {
         "bytes": n,
@@ -100,7 +87,7 @@ def _child(
         "pid": p.pid,
         **exit_fields(p.returncode),
         "error": error,
-        "outcome": outcome(p.returncode, before, after),
+        "outcome": outcome(p.returncode, e),
     }
 
 
@@ -111,21 +98,29 @@ def verify(
     fraction: float = 1.0,
     hold: float = 3.0,
     root: Root | None = None,
+    progress: TextIO | None = None,
 ) -> dict[str, Any]:
     """Allocate the target in children and say whether the machine delivered it.
 
-    *root* is where the OOM-kill counter, the cgroup's usage and the children's peak RSS are
-    read (the live system by default; a fake tree in tests); the children are real.
+    *root* is where the OOM-kill counter, the group's processes, its usage and the children's
+    peak RSS are read (the live system by default; a fake tree in tests); the children are
+    real. *progress* is where their progress goes (None: this process's stderr).
     """
     root = root if root is not None else LiveRoot()
     sizes, plan = split_target(report, shape, fraction)
     oom = report["memory"]["oom"]
     oom_source = oom["source"] if oom else None
+    group = os.path.dirname(oom_source) if oom_source else None
+    version = report["memory"]["cgroup"]["version"]
+    others = outsiders(root, group, version, os.getpid())
     before = read_oom_kills(root, oom_source)
+    started = time.monotonic()
     procs = [start_child("_alloc", str(n), stdin=subprocess.PIPE) for n in sizes]
+    meter = Progress(progress if progress is not None else sys.stderr, sizes, [p.pid for p in procs])
     peak_rss, usage = 0, None
     try:
-        lines = _collect(procs)
+        lines = collect(procs, meter)
+        meter.finish(time.monotonic() - started)
         if all("touched" in msg for msg in lines):
             time.sleep(hold)
             peak_rss = sum(read_peak_rss(root, p.pid) or 0 for p in procs)
@@ -134,7 +129,8 @@ def verify(
     finally:
         _release(procs)
     after = read_oom_kills(root, oom_source)
-    children = [_child(n, p, msg, before, after) for n, p, msg in zip(sizes, procs, lines, strict=True)]
+    e = evidence(before, after, gone(others, outsiders(root, group, version, os.getpid())))
+    children = [_child(n, p, msg, e) for n, p, msg in zip(sizes, procs, lines, strict=True)]
     measured = {
         "oom_kills": None if before is None or after is None else after - before,
         "oom_counter": oom_source,

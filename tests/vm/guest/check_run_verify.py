@@ -23,17 +23,17 @@ def test_run_tells_an_oom_kill_apart_through_memory_events(group: GroupFactory, 
     assert rc == 137
     assert [e["event"] for e in evs] == ["start", "exit"]
     end = evs[1]
-    assert (end["reason"], end["signal"], end["exit_code"]) == ("oom-kill", 9, None)
+    assert (end["reason"], end["signal"], end["exit_code"], end["oom_victim"]) == ("oom-kill", 9, None, "worker")
     assert end["budget_bytes"] == 32 * MiB
     assert end["peak_bytes"] > 32 * MiB  # it got past its budget before the kernel stopped it
     assert g.keyed("memory.events")["oom_kill"] == 1
 
 
 def test_run_a_plain_sigkill_is_not_an_oom_kill(group: GroupFactory, events: Path) -> None:
-    g = group(256 * MiB)
-    rc, evs, _ = _run(g, events, "--", PYTHON, "-c", "import os; os.kill(os.getpid(), 9)")
+    g = group(256 * MiB)  # an auto budget would be 0 here (the 256 MiB margin floor): run would start nothing
+    rc, evs, _ = _run(g, events, "--budget", "64MiB", "--", PYTHON, "-c", "import os; os.kill(os.getpid(), 9)")
     assert rc == 137
-    assert (evs[-1]["reason"], evs[-1]["signal"]) == ("signal", 9)
+    assert (evs[-1]["reason"], evs[-1]["signal"], evs[-1]["oom_victim"], evs[-1]["oom_kills"]) == ("signal", 9, None, 0)
     assert g.keyed("memory.events")["oom_kill"] == 0
 
 

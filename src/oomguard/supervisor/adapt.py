@@ -1,0 +1,103 @@
+"""What earlier OOM kills changed for the next start of ``run``, and when that is forgotten.
+
+After an ``oom-kill`` the next start asks for less (docs/run.md, "Restarts"):
+
+- ``--on-oom concurrency`` (the default with plan flags): a cap one job below what ran, never
+  below ``--min-concurrency``;
+- ``--on-oom margin`` (the default otherwise): an auto budget's safety margin grows by
+  max(256 MiB, 5% of the basis); an explicit budget is kept as given.
+
+Both are lessons about one limit and one plan, so both are forgotten (back to the plan as
+computed) when either changes: the hard ceiling or the soft limit (``memory.effective_bytes``,
+``memory.soft_limit_bytes``: a resize, a new container), or the concurrency the plan gives
+before any cap. They are also forgotten after a run of at least ``--healthy-after`` that did
+not end in an OOM kill: the worker proved it fits, so the next start may try the plan again.
+"""
+
+from __future__ import annotations
+
+from oomguard.units import MiB, format_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard._types import Report
+
+# The margin step: max(256 MiB, 5% of the basis). 256 MiB is also the floor of the default
+# margin (policy/budget.py MARGIN_MIN), so a small basis still moves visibly.
+OOM_STEP_MIN = 256 * MiB
+OOM_STEP_RATIO = 0.05
+
+Key = tuple[int | None, int | None, int | None]
+
+
+def oom_margin_step(basis_bytes: int | None) -> int:
+    """How much an auto budget's margin grows after one OOM kill: max(256 MiB, 5% of the basis)."""
+    return max(OOM_STEP_MIN, int((basis_bytes or 0) * OOM_STEP_RATIO))
+
+
+def situation(report: Report, planned: int | None) -> Key:
+    """What the lessons were learnt under: the hard ceiling, the soft limit, the uncapped plan."""
+    mem = report["memory"]
+    return mem["effective_bytes"], mem["soft_limit_bytes"], planned
+
+
+def _describe(key: Key) -> str:
+    hard, soft, planned = key
+    text = f"ceiling {format_size(hard)}"
+    if soft is not None:
+        text += f", soft limit {format_size(soft)}"
+    return text + (f", plan {planned} jobs" if planned is not None else "")
+
+
+class Adaptation:
+    """The concurrency cap and the extra margin, with the situation they were set under."""
+
+    def __init__(self, on_oom: str, min_concurrency: int = 1) -> None:
+        self.on_oom = on_oom
+        self.min_concurrency = min_concurrency
+        self.cap: int | None = None
+        self.extra_margin = 0
+        self._under: Key | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.cap is not None or self.extra_margin > 0
+
+    def _lifted(self) -> str:
+        parts = [f"the concurrency cap {self.cap}"] if self.cap is not None else []
+        if self.extra_margin:
+            parts.append(f"the extra safety margin +{format_size(self.extra_margin)}")
+        self.cap, self.extra_margin = None, 0
+        return " and ".join(parts) + " from earlier OOM kills lifted"
+
+    def check(self, now: Key) -> str | None:
+        """Before a start: forget the lessons when the situation changed; what was said, if anything."""
+        if not self.active or self._under is None or now == self._under:
+            return None
+        was = self._under
+        return f"{self._lifted()}: {_describe(was)} -> {_describe(now)}"
+
+    def after_run(self, uptime: float, healthy_after: float, reason: str) -> str | None:
+        """After a run: forget the lessons once the worker ran healthy without an OOM kill."""
+        if not self.active or reason == "oom-kill" or uptime < healthy_after:
+            return None
+        return f"{self._lifted()}: ran {uptime:.1f}s (--healthy-after {healthy_after:g}s) without an OOM kill"
+
+    def after_oom(self, report: Report, concurrency: int | None, under: Key) -> str:
+        """Ask for less next time; the restart event's message says what."""
+        self._under = under
+        if self.on_oom == "concurrency" and concurrency is not None:
+            lowered = max(self.min_concurrency, concurrency - 1)
+            self.cap = lowered
+            if lowered == concurrency:
+                return f"after an OOM kill: concurrency stays {concurrency} (--min-concurrency)"
+            return f"after an OOM kill: concurrency {concurrency} -> {lowered}"
+        b = report["budget"]
+        if b["source"] != "auto":
+            return f"after an OOM kill: the {b['source']} budget is kept as given (only an auto budget is lowered)"
+        step = oom_margin_step(b["basis_bytes"])
+        self.extra_margin += step
+        return f"after an OOM kill: safety margin raised by {format_size(step)} (now +{format_size(self.extra_margin)})"
+
+    def capped(self, planned: int | None) -> int | None:
+        return planned if planned is None or self.cap is None else min(planned, self.cap)

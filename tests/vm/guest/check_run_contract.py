@@ -1,0 +1,122 @@
+"""``oomguard run``'s contract on cgroup v2, where ``memory.events`` is hierarchical.
+
+- A descendant's OOM kill (the worker is a wrapper, as the seed's run.sh was) is an OOM kill,
+  and concurrency steps down.
+- An operator's ``kill -9`` of the worker while another process of the same group is
+  OOM-killed is not blamed on the OOM killer.
+- An OOM kill of the worker beside a living outsider (an agent, the entrypoint's shell) is.
+- A budget that cannot work (0: the margin takes the whole basis) starts nothing: exit 3.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.vm.guest.cg import HOG, PYTHON, Group, MiB, check, read_events, warning_codes
+
+GroupFactory = Callable[..., Group]
+
+# A process of the group outside the supervisor's tree: it says its PID, waits for GO, then
+# allocates far past the group's limit, first in line for the OOM killer.
+OUTSIDER = (
+    "import os, sys, time\n"
+    "open('/proc/self/oom_score_adj', 'w').write('1000')\n"
+    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "while not os.path.exists(sys.argv[2]): time.sleep(0.01)\n"
+    "chunks = []\n"
+    "while True:  # 16 MiB at a time until the OOM killer ends it\n"
+    "    c = bytearray(16 << 20); c[::4096] = b'x' * (len(c) // 4096); chunks.append(c)\n"
+)
+# The worker: says GO, waits until the outsider is dead, then is killed -9 (as by an operator).
+KILLED_9 = (
+    "import os, signal, sys, time\n"
+    "open(sys.argv[1], 'w').write('1')\n"
+    "pid = sys.argv[2]\n"
+    "def alive():\n"
+    "    try: return open('/proc/%s/stat' % pid).read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
+    "    except FileNotFoundError: return False\n"
+    "while alive(): time.sleep(0.01)\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+
+
+def _run(g: Group, events: Path, *args: str) -> tuple[int, list[dict], str]:  # type: ignore[type-arg]
+    proc = g.run(PYTHON, "-m", "oomguard", "run", "--events", str(events), *args)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, read_events(events) if events.exists() else [], proc.stderr
+
+
+def _wait_for(path: Path, timeout: float = 30) -> str:
+    end = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text().strip()
+
+
+def test_a_descendants_oom_kill_is_an_oom_kill_and_steps_down(group: GroupFactory, events: Path) -> None:
+    g = group(320 * MiB)
+    hog = HOG.replace("int(sys.argv[1])", "int(sys.argv[1]) * 120 * 2**20")
+    wrapper = f'{PYTHON} -c "{hog}" "$OOMGUARD_CONCURRENCY" || exit 3'  # 3 x 120 MiB does not fit, 2 x 120 does
+    rc, evs, err = _run(
+        g, events, "--budget", "64MiB", "--per-job", "16MiB", "--max-jobs", "3", "--backoff-initial", "10ms",
+        "--", "sh", "-c", wrapper,
+    )  # fmt: skip
+    assert rc == 0, err
+    exits = [e for e in evs if e["event"] == "exit"]
+    assert [(e["reason"], e["oom_victim"], e["exit_code"], e["concurrency"]) for e in exits] == [
+        ("oom-kill", "descendant", 3, 3),
+        ("clean", None, 0, 2),
+    ]
+    assert exits[0]["oom_kills"] == 1 and exits[0]["limited_by"] == "cgroup-v2"
+    assert next(e for e in evs if e["event"] == "restart")["message"] == "after an OOM kill: concurrency 3 -> 2"
+    assert g.keyed("memory.events")["oom_kill"] == 1
+
+
+def test_a_kill_9_beside_an_oom_kill_is_no_oom_kill(group: GroupFactory, events: Path, tmp_path: Path) -> None:
+    g = group(192 * MiB)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    outsider = g.popen(PYTHON, "-c", OUTSIDER, str(ready), str(go))
+    try:
+        pid = _wait_for(ready)
+        worker = (PYTHON, "-c", KILLED_9, str(go), pid)
+        rc, evs, err = _run(g, events, "--restart", "never", "--budget", "32MiB", "--", *worker)
+    finally:
+        outsider.kill()
+        outsider.wait()
+    assert outsider.returncode == -9  # the OOM killer's victim
+    assert g.keyed("memory.events")["oom_kill"] == 1
+    assert rc == 137, err
+    end = evs[-1]
+    assert (end["reason"], end["signal"], end["oom_victim"], end["oom_kills"]) == ("signal", 9, "group", 1)
+    assert "cannot tell whether it was this process (1 other process(es) of the group ended meanwhile" in end["message"]
+
+
+def test_an_oom_kill_of_the_worker_beside_a_living_outsider(group: GroupFactory, events: Path, tmp_path: Path) -> None:
+    g = group(192 * MiB)
+    ready = tmp_path / "ready"
+    code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    outsider = g.popen(PYTHON, "-c", code, str(ready))
+    try:
+        _wait_for(ready)
+        worker = (PYTHON, "-c", HOG, str(512 * MiB))
+        rc, evs, err = _run(g, events, "--restart", "never", "--budget", "32MiB", "--", *worker)
+        assert outsider.poll() is None  # it lives on
+    finally:
+        outsider.kill()
+        outsider.wait()
+    assert rc == 137, err
+    assert (evs[-1]["reason"], evs[-1]["oom_victim"], evs[-1]["oom_kills"]) == ("oom-kill", "worker", 1)
+    assert "over its 32 MiB budget" in evs[-1]["message"]
+
+
+def test_a_budget_of_zero_starts_nothing(group: GroupFactory, events: Path, tmp_path: Path) -> None:
+    g = group(256 * MiB)  # the auto margin's 256 MiB floor takes all of it
+    marker = tmp_path / "started"
+    rc, evs, err = _run(g, events, "--", "touch", str(marker))
+    assert rc == 3 and not marker.exists()
+    assert [e["event"] for e in evs] == ["give-up"] and evs[0]["budget_bytes"] == 0
+    assert err.count("\n") == 1 and "the budget is 0 B: the 256 MiB safety margin takes all" in err
+    assert "budget-too-small" in warning_codes(check(g))
