@@ -227,6 +227,8 @@ def _stub_bin(tmp_path: Path, run_body: str) -> Path:
         # The agent's trap is in place before it says it is ready, so a TERM is never missed.
         'if [ "$cmd" = agent ]; then trap \'echo TERM > "$STUB_DIR/agent.signal"; exit 0\' TERM; fi\n'
         'printf "%s\\n" "$@" > "$STUB_DIR/$cmd.argv"\nenv > "$STUB_DIR/$cmd.env"\n'
+        # the entrypoint's gate (check, plan, verify) passes
+        'case "$cmd" in check|plan|verify) exit 0 ;; esac\n'
         'if [ "$cmd" = agent ]; then\n'
         '  : > "$STUB_DIR/agent.ready"\n'
         "  while :; do sleep 0.02; done\n"

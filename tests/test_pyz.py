@@ -95,7 +95,9 @@ def test_check_and_check_json(pyz: Path, tmp_path: Path) -> None:
 
 def test_plan_with_a_builtin_profile(pyz: Path, tmp_path: Path) -> None:
     """The built-in profiles are package data read from inside the zip (profiles.py)."""
-    proc = run_pyz(pyz, tmp_path, "plan", "--profile", "porep-c2-32g", "--budget", "300GiB", "--json")
+    proc = run_pyz(
+        pyz, tmp_path, "plan", "--profile", "porep-c2-32g", "--budget", "300GiB", "--pinned-baseline", "0", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["shape"]["profile"] == "porep-c2-32g"

@@ -10,7 +10,7 @@ import argparse
 
 from oomguard.commands import flags
 from oomguard.commands.agent import add_fleet_options
-from oomguard.errors import EXIT_NOT_FOUND, UsageError
+from oomguard.errors import EXIT_NOT_FOUND, EXIT_THRESHOLD, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,11 +19,14 @@ if TYPE_CHECKING:
 SUMMARY = (
     "Supervise a worker: compute its budget (and concurrency) before each start, pass it in "
     "OOMGUARD_BUDGET_BYTES / OOMGUARD_BUDGET / OOMGUARD_CONCURRENCY and the placeholders {budget_bytes}, "
-    "{budget}, {budget_gib}, {concurrency} in its arguments, tell OOM kills from other deaths, restart "
-    "with backoff and one less concurrency (or a larger margin) after an OOM kill."
+    "{budget}, {budget_gib}, {concurrency}, {per_job_bytes}, {jobs_budget_bytes}, {jobs_bytes} in its "
+    "arguments, start nothing with a budget that cannot work (exit 3), tell OOM kills (of the worker or a "
+    "descendant) from other deaths, restart with backoff and one less concurrency (or a larger margin) "
+    "after an OOM kill."
 )
 EPILOG = (
-    f"Exit status: the worker's (128 + signal when it was killed); {EXIT_NOT_FOUND} when CMD cannot be run.\n"
+    f"Exit status: the worker's (128 + signal when it was killed); {EXIT_THRESHOLD} when the budget cannot "
+    f"work (0, or below the plan's baseline + one job); {EXIT_NOT_FOUND} when CMD cannot be run.\n"
     + flags.DURATIONS
     + "\n"
     + flags.SIZES
@@ -39,7 +42,9 @@ def _restart_options(parser: argparse.ArgumentParser) -> None:
     flags.option(group, "--backoff-initial", "first restart delay (default 1s)", "DURATION")
     flags.option(group, "--backoff-max", "longest restart delay (default 5m)", "DURATION")
     flags.option(group, "--backoff-factor", "delay multiplier per consecutive restart (default 2)", "X")
-    flags.option(group, "--healthy-after", "uptime that resets the backoff (default 10m)", "DURATION")
+    flags.option(
+        group, "--healthy-after", "uptime that resets the backoff and lifts OOM step-downs (default 10m)", "DURATION"
+    )
     flags.option(group, "--max-restarts", "give up after N restarts within --restart-window (default: no limit)", "N")
     flags.option(group, "--restart-window", "window for --max-restarts (default 10m)", "DURATION")
     flags.option(

@@ -204,10 +204,13 @@ class Supervisor:
         rc, peak = self._wait()
         after = read_oom_kills(self.root, oom_source)
         e = evidence(before, after, gone(others, outsiders(self.root, group, version, os.getpid())))
+        if isolation is not None:
+            isolation.kill()  # cgroup.kill: everything in the worker's group (other sessions too) dies now
         self._cleanup_group()
         if isolation is not None:
             peak = isolation.peak() or peak
-            isolation.remove()
+            if not isolation.remove():
+                self.log.stderr.write(f"oomguard run: isolate: cannot remove {isolation.path}\n")
         uptime = self.clock() - started
         verdict = classify(rc, e)
         common = {"pid": pid, **ctx, "reason": verdict.reason, "oom_kills": e.kills, "oom_victim": verdict.victim}
