@@ -73,7 +73,7 @@ def v2_vm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     script = harness.pytest_script(REPO, sys.executable, _selection(request.session), GUEST_TIMEOUT_S)
     start = time.monotonic()
     try:
-        boot = harness.boot(script, out, timeout=VM_TIMEOUT_S)
+        boot = harness.boot(script, out, timeout=VM_TIMEOUT_S, keep=(str(REPO), sys.prefix))
     except harness.Unavailable as exc:
         print(f"\nSKIP cgroup v2 VM tests: {exc}", file=sys.stderr)
         _summary.append(f"cgroup v2 VM: skipped: {exc}")

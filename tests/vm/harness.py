@@ -1,6 +1,6 @@
 """Boot a real cgroup v2 kernel under qemu and run a pytest selection inside it.
 
-The recipe (../shared/research/real-kernels.md, verified on this machine kind):
+The recipe (verified on this project's machines; QEMU documentation, "9p / virtfs" and "-accel"):
 - Debian's generic ``linux-image-amd64`` (the ``-cloud-`` flavour has no 9p), booted by
   ``qemu-system-x86_64 -accel tcg -cpu max``: KVM exists here but a KVM guest hangs after
   "Booting from ROM", so TCG it is.
@@ -57,10 +57,16 @@ mount -t tmpfs tmpfs /host/dev/shm
 # systemd's options on Debian 12 / Ubuntu 22.04+ hosts.
 mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /host/sys/fs/cgroup
 echo +memory > /host/sys/fs/cgroup/cgroup.subtree_control
-for d in /tmp /run /var/tmp; do mount -t tmpfs -o mode=1777 tmpfs /host$d; done
-mkdir -p /host{GUEST_OUT}
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=none out /host{GUEST_OUT} || {{
+mkdir -p /out
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=none out /out || {{
   echo "init: cannot mount the results share"; poweroff -f; }}
+# The host paths the run needs (the checkout, the venv) stay visible even when they lie under a
+# directory the tmpfs mounts below hide (a CI clone in /tmp): bound aside first, bound back after.
+for p in $(cat /out/keep 2>/dev/null); do mkdir -p /keep$p && mount -o bind /host$p /keep$p; done
+for d in /tmp /run /var/tmp; do mount -t tmpfs -o mode=1777 tmpfs /host$d; done
+for p in $(cat /out/keep 2>/dev/null); do mkdir -p /host$p && mount -o bind /keep$p /host$p; done
+mkdir -p /host{GUEST_OUT}
+mount -o bind /out /host{GUEST_OUT}
 : > /host{GUEST_OUT}/ready  # its mtime, on the host's clock, times the boot
 echo "{READY} $(cat /proc/uptime) $(uname -r)"
 chroot /host /bin/sh {GUEST_OUT}/run.sh
@@ -226,10 +232,14 @@ def build_initramfs(kernel: Kernel, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def boot(run_sh: str, out: Path, timeout: float = 420.0, cache_dir: Path | None = None) -> Boot:
+def boot(
+    run_sh: str, out: Path, timeout: float = 420.0, cache_dir: Path | None = None, keep: tuple[str, ...] = ()
+) -> Boot:
     """Boot once, run *run_sh* (a /bin/sh script, run chrooted in the host root) and power off.
 
-    *out* is shared writable at /tmp/vm inside the guest; run.sh is written there.
+    *out* is shared writable at /tmp/vm inside the guest; run.sh is written there. *keep*: host
+    directories (absolute, no white space) that must stay visible in the guest even where they lie
+    under /tmp, /run or /var/tmp, which the guest covers with tmpfs (the checkout, the venv).
     Raises Unavailable when qemu or the kernel cannot start at all.
     """
     qemu = qemu_binary()
@@ -237,6 +247,7 @@ def boot(run_sh: str, out: Path, timeout: float = 420.0, cache_dir: Path | None 
     initrd = build_initramfs(kernel, cache_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.sh").write_text(run_sh)
+    (out / "keep").write_text("".join(f"{k}\n" for k in keep if k.startswith("/") and not any(c.isspace() for c in k)))
     console_path = out / "console.log"
     cmd = [
         qemu,
