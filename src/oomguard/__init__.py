@@ -23,6 +23,7 @@ __all__ = [
     "SnapshotError",
     "ThresholdError",
     "UsageError",
+    "Watch",
     "__version__",
     "capture",
     "format_size",
@@ -54,6 +55,7 @@ _LAZY = {
     "UsageError": "errors",
     "SnapshotError": "errors",
     "ThresholdError": "errors",
+    "Watch": "policy.watch",
 }
 
 TYPE_CHECKING = False
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from oomguard.policy.budget import probe, resolve_budget
     from oomguard.policy.plan import Shape, make_plan
     from oomguard.policy.reserve import MemoryBudget, Reservation, ReservationTooLarge
+    from oomguard.policy.watch import Watch
     from oomguard.probes.capture import capture
     from oomguard.sources.root import LiveRoot, Root, open_root
     from oomguard.units import format_size, parse_size

@@ -11,6 +11,15 @@ Semantics:
 - No lost wake-ups: every state change happens under one lock, and a release grants waiting
   requests (in order) before it returns; a waiter checks its own ``granted`` flag, never a
   condition it might have missed.
+
+Watched admission (``watch=True`` or a ``Watch``; policy/watch.py): a daemon thread samples
+the working set of this process's memory cgroup every ~100 ms, and a request is granted only
+when it also fits under the hard ceiling minus a guard margin (the rule: ``Admission``).
+Waiting requests are re-evaluated after every sample, in order (the head still blocks those
+behind it). ``on_over_budget(working_set)`` is called from that thread when the working set
+passes ``total``, once per crossing. ``close()`` (or leaving ``with budget:``) stops the
+thread; so does garbage collection. A working set that cannot be read makes admission fall
+back to reserved bytes only, and says so once in ``watch_warning``.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from oomguard.errors import BudgetUnknownError
+from oomguard.policy.watch import DEFAULT_INTERVAL, Admission, SamplerThread, Watch, sample_once
 
 if TYPE_CHECKING:
     import asyncio
@@ -81,27 +91,117 @@ class Reservation:
 
 
 class MemoryBudget:
-    """A budget of *total_bytes* shared by the threads and asyncio tasks of one process."""
+    """A budget of *total_bytes* shared by the threads and asyncio tasks of one process.
 
-    def __init__(self, total_bytes: int, evict: Callable[[int], Any] | None = None) -> None:
+    *watch*: None (reserved bytes only), ``True`` (this process's memory cgroup, probed now)
+    or a ``Watch`` (any sampler: a test's, a Root over a snapshot); the first sample is taken
+    here. *on_over_budget*, with a watch only, is called with the working set when it passes
+    *total_bytes*, once per crossing (from the sampler thread; from here if it already has).
+    """
+
+    def __init__(
+        self,
+        total_bytes: int,
+        evict: Callable[[int], Any] | None = None,
+        *,
+        watch: Watch | bool | None = None,
+        on_over_budget: Callable[[int], Any] | None = None,
+    ) -> None:
         if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes < 0:
             raise ValueError(f"total_bytes must be a non-negative int, got {total_bytes!r}")
+        if on_over_budget is not None and not watch:
+            raise ValueError("on_over_budget needs a watch (watch=True or a Watch)")
         self.total = total_bytes
         self._used = 0
         self._lock = threading.Lock()
         self._waiters: deque[_Waiter] = deque()
         self._evict = evict
+        self._on_over = on_over_budget
+        self.watch: Watch | None = Watch.live() if watch is True else (watch or None)
+        self.hook_error: BaseException | None = None  # the last exception raised by on_over_budget
+        self._admission = Admission(self.watch) if self.watch is not None else None
+        self._sampler: SamplerThread | None = None
+        if self.watch is not None:
+            self._observe(sample_once(self.watch))
+            if self.watch.ceiling is not None:
+                self._sampler = SamplerThread(self, self.watch)
 
     @classmethod
-    def from_system(cls, evict: Callable[[int], Any] | None = None, **budget_options: Any) -> MemoryBudget:
-        """A budget from the probe: ``budget``, ``margin`` and ``root`` as for ``oomguard.probe()``."""
-        from oomguard.policy.budget import probe
+    def from_system(
+        cls,
+        evict: Callable[[int], Any] | None = None,
+        *,
+        watch: bool = False,
+        guard_margin: int | str | None = None,
+        interval: float = DEFAULT_INTERVAL,
+        on_over_budget: Callable[[int], Any] | None = None,
+        **budget_options: Any,
+    ) -> MemoryBudget:
+        """A budget from the probe: ``budget``, ``margin``, ``root``, ``gpu`` as for ``oomguard.probe()``.
 
-        report = probe(**budget_options)
+        *watch* True watches the memory cgroup the probe found (through the same root), with
+        *guard_margin* (bytes or text: ``"64MiB"``, ``"2%"``; default max(64 MiB, 2% of the
+        ceiling)) and a sample every *interval* seconds.
+        """
+        from oomguard.policy.budget import probe
+        from oomguard.sources.root import Root, open_root
+
+        root = budget_options.pop("root", None)
+        r = root if isinstance(root, Root) else open_root(root)
+        report = probe(r, **budget_options)
         total = report["budget"]["bytes"]
         if total is None:
             raise BudgetUnknownError("MemoryBudget.from_system", "pass budget=SIZE")
-        return cls(total, evict=evict)
+        w = Watch.from_report(report, r, margin=guard_margin, interval=interval) if watch else None
+        return cls(total, evict=evict, watch=w, on_over_budget=on_over_budget)
+
+    def close(self) -> None:
+        """Stop watching: the sampler thread ends, and admission falls back to reserved bytes
+        only (waiting requests are re-evaluated). Reservations stay valid; calling it again is harmless."""
+        if self._sampler is not None:
+            self._sampler.close()
+        with self._lock:
+            if self._admission is not None:
+                self._admission.active = False
+            if self._waiters:
+                self._grant_locked()
+
+    def __enter__(self) -> MemoryBudget:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _observe(self, ws: int | None) -> None:
+        """A sample (from the sampler thread): learn, grant who now fits, call the hook on a crossing."""
+        with self._lock:
+            adm = self._admission
+            if adm is None or not adm.active:
+                return
+            crossed = adm.observe(ws, self._used, self.total)
+            if self._waiters:
+                self._grant_locked()
+        if crossed and ws is not None and self._on_over is not None:
+            try:
+                self._on_over(ws)
+            except Exception as exc:  # the sampler thread must live on
+                self.hook_error = exc
+
+    @property
+    def watch_warning(self) -> str | None:
+        """Set once, when the working set could not be read (admission then uses reserved bytes only)."""
+        return None if self._admission is None else self._admission.warning
+
+    @property
+    def working_set(self) -> int | None:
+        """The last sampled working set in bytes (None: not watching, or unknown)."""
+        adm = self._admission
+        return None if adm is None or not adm.active else adm.ws
+
+    @property
+    def overshoot(self) -> float | None:
+        """The ratio of real to reserved bytes that admission assumes (None: not watching)."""
+        return None if self._admission is None else self._admission.factor
 
     @property
     def used(self) -> int:
@@ -117,7 +217,8 @@ class MemoryBudget:
         return len(self._waiters)
 
     def __repr__(self) -> str:
-        return f"<MemoryBudget used={self._used} of {self.total} bytes, {len(self._waiters)} waiting>"
+        ws = "" if self.working_set is None else f", working set {self.working_set}"
+        return f"<MemoryBudget used={self._used} of {self.total} bytes, {len(self._waiters)} waiting{ws}>"
 
     def _check(self, nbytes: int) -> None:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
@@ -125,8 +226,14 @@ class MemoryBudget:
         if nbytes > self.total:
             raise ReservationTooLarge(f"a request of {nbytes} bytes can never fit in a budget of {self.total} bytes")
 
+    def _fits_locked(self, nbytes: int) -> bool:
+        if self._used + nbytes > self.total:
+            return False
+        excess = None if self._admission is None else self._admission.excess(self._used, nbytes)
+        return excess is None or excess <= 0
+
     def _take_locked(self, nbytes: int) -> bool:
-        if not self._waiters and self._used + nbytes <= self.total:
+        if not self._waiters and self._fits_locked(nbytes):
             self._used += nbytes
             return True
         return False
@@ -140,7 +247,9 @@ class MemoryBudget:
         return Reservation(self, nbytes)
 
     def _shortfall(self, nbytes: int) -> int:
-        return self._used + nbytes - self.total
+        """Bytes missing for *nbytes*: the larger of the reserved and the watched shortfall."""
+        excess = None if self._admission is None else self._admission.excess(self._used, nbytes)
+        return max(self._used + nbytes - self.total, excess or 0)
 
     def reserve(self, nbytes: int, timeout: float | None = None) -> Reservation:
         """Wait until *nbytes* fit (first come, first served); TimeoutError after *timeout* seconds."""
@@ -204,7 +313,7 @@ class MemoryBudget:
 
     def _grant_locked(self) -> None:
         waiters = self._waiters
-        while waiters and self._used + waiters[0].nbytes <= self.total:
+        while waiters and self._fits_locked(waiters[0].nbytes):
             w = waiters.popleft()
             self._used += w.nbytes
             w.granted = True
@@ -227,5 +336,9 @@ class MemoryBudget:
                 raise ValueError(f"cannot release {n} bytes: the reservation holds {reservation.held}")
             reservation.held -= n
             self._used -= n
+            if self._admission is not None:
+                self._admission.released += n
             if self._waiters:
                 self._grant_locked()
+                if self._waiters and self._sampler is not None:
+                    self._sampler.poke()  # usage may have fallen: look now, not in up to 100 ms
