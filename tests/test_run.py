@@ -162,6 +162,10 @@ def test_backoff_sleep_stops_on_a_signal() -> None:
         ),
         (["run", "--per-job", "1G", "--", "w", "{Budget}"], "run: unknown placeholder {Budget}"),
         (["run", "--on-oom", "concurrency", "--", "true"], "--on-oom concurrency needs plan flags"),
+        (["run", "--guard-margin", "5%", "--", "true"], "--guard-margin needs --guard"),
+        (["run", "--on-pressure", "SIGUSR1", "--", "true"], "--on-pressure needs --guard"),
+        (["run", "--guard", "--on-pressure", "SIGFOO", "--", "true"], "--on-pressure: expected a signal"),
+        (["run", "--guard", "--guard-margin", "lots", "--", "true"], "--guard-margin: invalid size 'lots'"),
     ],
 )
 def test_run_usage_errors(args: list[str], message: str) -> None:
@@ -225,9 +229,12 @@ def test_env_placeholders_and_exit_status(tmp_path: Path) -> None:
         "duration_s",
         "delay_s",
         "peak_bytes",
+        "guard_margin_bytes",
+        "working_set_peak_bytes",
         "warnings",
         "message",
     }
+    assert (exit_["guard_margin_bytes"], exit_["working_set_peak_bytes"]) == (None, None)  # no --guard
     assert start["limited_by"] == exit_["limited_by"] is not None  # where the ceiling came from, on every event
     assert start["time"].endswith("Z") and "T" in start["time"]
     assert "oomguard run: exit" in proc.stderr  # the same events, readable, on stderr

@@ -14,6 +14,7 @@ from oomguard.errors import EXIT_NOT_FOUND, EXIT_THRESHOLD, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from oomguard.supervisor.config import GuardSettings
     from oomguard.supervisor.restart import RestartPolicy
 
 SUMMARY = (
@@ -22,7 +23,8 @@ SUMMARY = (
     "{budget}, {budget_gib}, {concurrency}, {per_job_bytes}, {jobs_budget_bytes}, {jobs_bytes} in its "
     "arguments, start nothing with a budget that cannot work (exit 3), tell OOM kills (of the worker or a "
     "descendant) from other deaths, restart with backoff and one less concurrency (or a larger margin) "
-    "after an OOM kill."
+    "after an OOM kill. With --guard, watch the worker's cgroup every 100 ms and stop it gracefully before "
+    "the kernel's OOM killer acts (docs/guard.md)."
 )
 EPILOG = (
     f"Exit status: the worker's (128 + signal when it was killed); {EXIT_THRESHOLD} when the budget cannot "
@@ -59,6 +61,29 @@ def _restart_options(parser: argparse.ArgumentParser) -> None:
     flags.option(group, "--stop-timeout", "SIGKILL this long after forwarding a stop signal (default 30s)", "DURATION")
 
 
+def _guard_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("guard options (docs/guard.md)")
+    flags.option(
+        group,
+        "--guard",
+        "sample the worker's memory cgroup every 100 ms: signal it at the budget, stop it (SIGTERM, then "
+        "SIGKILL after --stop-timeout) near the ceiling, restart it asking for less, before the kernel acts",
+    )
+    flags.option(
+        group,
+        "--guard-margin",
+        "stop the worker when its working set is this close to the ceiling: SIZE or PCT% of the ceiling "
+        "(default max(64MiB, 2%))",
+        "SPEC",
+    )
+    flags.option(
+        group,
+        "--on-pressure",
+        "signal sent to the worker when its working set reaches the budget (default none; e.g. SIGUSR1)",
+        "SIGNAL",
+    )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "%(prog)s [budget and plan options] [restart options] [--] CMD ARGS..."
     parser.description = SUMMARY
@@ -68,6 +93,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_shape(parser)
     _restart_options(parser)
+    _guard_options(parser)
     flags.option(parser, "--isolate", "run the worker in its own memory cgroup limited to budget + margin")
     flags.option(parser, "--events", "append events as JSON lines to FILE", "FILE")
     add_fleet_options(parser, run=True)
@@ -101,6 +127,17 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     return argv[1:] if argv[:1] == ["--"] else argv
 
 
+def _guard(args: argparse.Namespace) -> GuardSettings | None:
+    from oomguard.supervisor.config import settings_from
+
+    if not args.guard:
+        given = [f for f in ("--guard-margin", "--on-pressure") if getattr(args, f[2:].replace("-", "_"))]
+        if given:
+            raise UsageError(f"{given[0]} needs --guard")
+        return None
+    return settings_from(args.guard_margin, args.on_pressure)
+
+
 def execute(args: argparse.Namespace) -> int:
     from oomguard.commands.agent import forwarder
     from oomguard.supervisor.events import EventLog
@@ -117,6 +154,7 @@ def execute(args: argparse.Namespace) -> int:
         min_concurrency=max(1, min_conc),
         stop_timeout=_duration(args, "stop_timeout", 30.0),
         isolate=args.isolate,
+        guard=_guard(args),
     )
     try:
         log = EventLog(args.events)

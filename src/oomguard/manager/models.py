@@ -98,7 +98,7 @@ class EventIn(_Open):
     pid: SmallInt | None = None
     budget_bytes: Bytes | None = None
     concurrency: SmallInt | None = None
-    reason: Literal["oom-kill", "signal", "exit", "clean"] | None = None
+    reason: Literal["oom-kill", "pressure-stop", "signal", "exit", "clean"] | None = None
     exit_code: SmallInt | None = None
     signal: SmallInt | None = None
     duration_s: Finite | None = None

@@ -2,13 +2,16 @@
 
 The probe reads each file once to build a report; ``run`` and ``verify`` read a few of them
 again around a child's life: the OOM-kill counter before and after, usage and peaks, and the
-process table to find orphans. Every function takes a ``Root`` (a fake tree in tests), never
-raises, and answers None (or nothing) for a file that cannot be read or parsed.
+process table to find orphans; ``run --guard`` samples the worker's group every 100 ms
+(``read_sample``). Every function takes a ``Root`` (a fake tree in tests), never raises, and
+answers None (or nothing) for a file that cannot be read or parsed.
 """
 
 from __future__ import annotations
 
-from oomguard.probes.parsers import parse_flat_keyed, parse_int_file, parse_status, status_kb
+from typing import NamedTuple
+
+from oomguard.probes.parsers import parse_flat_keyed, parse_int_file, parse_pressure, parse_status, status_kb
 from oomguard.sources.root import Failure, Root
 
 
@@ -79,3 +82,62 @@ def child_pids(root: Root, parent: int) -> list[int]:
         if stat is not None and parse_ppid(stat) == parent:
             children.append(int(name))
     return children
+
+
+class MemorySample(NamedTuple):
+    """One look at a memory cgroup (``run --guard``); None where a file cannot be read.
+
+    *events* is v2 ``memory.events`` ({} on v1 and where unreadable); *stall_us* is the PSI
+    ``full`` total of ``memory.pressure`` in microseconds (v2 with PSI only).
+    """
+
+    usage: int | None
+    inactive_file: int | None
+    events: dict[str, int]
+    stall_us: float | None
+
+    @property
+    def working_set(self) -> int | None:
+        """usage - inactive_file, as the probe computes it (kubelet's working set); None without usage."""
+        if self.usage is None:
+            return None
+        return max(0, self.usage - (self.inactive_file or 0))
+
+
+def _inactive_file(stat: str | None, version: int) -> int | None:
+    """inactive_file of a ``memory.stat``: v2 ``inactive_file`` (the group and its descendants),
+    v1 ``total_inactive_file`` (hierarchical), else v1's own ``inactive_file``.
+
+    cgroup-v2.rst, "memory.stat": ``inactive_file``, "Amount of memory ... on the internal
+    memory management lists used by the page reclaim algorithm"; cgroup-v1/memory.rst 5.2
+    ("total_<counter>: # hierarchical version of <counter>").
+    """
+    if stat is None:
+        return None
+    keyed = parse_flat_keyed(stat)
+    keys = ("inactive_file",) if version == 2 else ("total_inactive_file", "inactive_file")
+    return next((keyed[k] for k in keys if k in keyed), None)
+
+
+def read_sample(root: Root, cgroup_dir: str, version: int) -> MemorySample:
+    """The group's usage, inactive file cache, events and memory stall time, read now.
+
+    v2 (Documentation/admin-guide/cgroup-v2.rst, "Memory Interface Files"): ``memory.current``,
+    ``memory.stat``, ``memory.events`` (``high``: "The number of times processes of the cgroup
+    are throttled and routed to perform direct memory reclaim because the high memory
+    boundary was exceeded") and ``memory.pressure`` (Documentation/accounting/psi.rst:
+    ``full avg10=0.00 avg60=0.00 avg300=0.00 total=0``, total in microseconds).
+    v1 (cgroup-v1/memory.rst): ``memory.usage_in_bytes`` and ``memory.stat``; no events, no PSI.
+    """
+    stat = _text(root, cgroup_dir + "/memory.stat")
+    if version != 2:
+        return MemorySample(read_usage(root, cgroup_dir, 1), _inactive_file(stat, 1), {}, None)
+    events = _text(root, cgroup_dir + "/memory.events")
+    psi = _text(root, cgroup_dir + "/memory.pressure")
+    full = parse_pressure(psi).get("full", {}) if psi is not None else {}
+    return MemorySample(
+        read_usage(root, cgroup_dir, 2),
+        _inactive_file(stat, 2),
+        parse_flat_keyed(events) if events is not None else {},
+        full.get("total"),
+    )

@@ -1,6 +1,7 @@
 """What earlier OOM kills changed for the next start of ``run``, and when that is forgotten.
 
-After an ``oom-kill`` the next start asks for less (docs/run.md, "Restarts"):
+After an ``oom-kill``, and after a ``pressure-stop`` of ``run --guard`` (the same lesson, learnt
+before the kernel acted), the next start asks for less (docs/run.md, "Restarts"):
 
 - ``--on-oom concurrency`` (the default with plan flags): a cap one job below what ran, never
   below ``--min-concurrency``;
@@ -28,6 +29,8 @@ OOM_STEP_MIN = 256 * MiB
 OOM_STEP_RATIO = 0.05
 
 Key = tuple[int | None, int | None, int | None]
+# The ends that ask for less next time, and how a restart event names them.
+STEP_DOWN = {"oom-kill": "an OOM kill", "pressure-stop": "a pressure stop"}
 
 
 def oom_margin_step(basis_bytes: int | None) -> int:
@@ -79,25 +82,27 @@ class Adaptation:
 
     def after_run(self, uptime: float, healthy_after: float, reason: str) -> str | None:
         """After a run: forget the lessons once the worker ran healthy without an OOM kill."""
-        if not self.active or reason == "oom-kill" or uptime < healthy_after:
+        if not self.active or reason in STEP_DOWN or uptime < healthy_after:
             return None
         return f"{self._lifted()}: ran {uptime:.1f}s (--healthy-after {healthy_after:g}s) without an OOM kill"
 
-    def after_oom(self, report: Report, concurrency: int | None, under: Key) -> str:
-        """Ask for less next time; the restart event's message says what."""
+    def after_oom(self, report: Report, concurrency: int | None, under: Key, reason: str = "oom-kill") -> str:
+        """Ask for less next time (after *reason*: an OOM kill or a pressure stop); the restart
+        event's message says what."""
         self._under = under
+        after = f"after {STEP_DOWN.get(reason, reason)}"
         if self.on_oom == "concurrency" and concurrency is not None:
             lowered = max(self.min_concurrency, concurrency - 1)
             self.cap = lowered
             if lowered == concurrency:
-                return f"after an OOM kill: concurrency stays {concurrency} (--min-concurrency)"
-            return f"after an OOM kill: concurrency {concurrency} -> {lowered}"
+                return f"{after}: concurrency stays {concurrency} (--min-concurrency)"
+            return f"{after}: concurrency {concurrency} -> {lowered}"
         b = report["budget"]
         if b["source"] != "auto":
-            return f"after an OOM kill: the {b['source']} budget is kept as given (only an auto budget is lowered)"
+            return f"{after}: the {b['source']} budget is kept as given (only an auto budget is lowered)"
         step = oom_margin_step(b["basis_bytes"])
         self.extra_margin += step
-        return f"after an OOM kill: safety margin raised by {format_size(step)} (now +{format_size(self.extra_margin)})"
+        return f"{after}: safety margin raised by {format_size(step)} (now +{format_size(self.extra_margin)})"
 
     def capped(self, planned: int | None) -> int | None:
         return planned if planned is None or self.cap is None else min(planned, self.cap)

@@ -1,5 +1,8 @@
 """What a worker of ``oomguard run`` is given: the run's settings, its arguments and environment.
 
+The settings are a ``RunConfig`` (usage errors are raised there, before anything starts), with
+the ``--guard`` flags as a ``GuardSettings`` (``settings_from``; the guard is ``guard.py``).
+
 The worker gets its budget as variables and as placeholders in its arguments (docs/run.md):
 
 | placeholder             | variable                       | value                                    |
@@ -25,14 +28,17 @@ pass through unchanged: shell parameters (``${HOME}``, ``${x}``), f-string field
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
+import signal
+from typing import NamedTuple
 
 from oomguard.errors import UsageError
 from oomguard.policy.plan import Shape
 from oomguard.supervisor.restart import RestartPolicy
-from oomguard.units import GiB, format_size_exact
+from oomguard.units import GiB, format_size_exact, parse_size_or_percent
 
 ALWAYS = ("budget_bytes", "budget", "budget_gib")
 WITH_PLAN = ("concurrency", "per_job_bytes", "jobs_budget_bytes", "jobs_bytes")
@@ -83,6 +89,42 @@ def check_placeholders(command: list[str], with_plan: bool) -> None:
     substitute(command, dict.fromkeys(names, ""))
 
 
+# ``run --guard`` (supervisor/guard.py): how often it samples, and the full-stall time under
+# memory.high that stops the worker.
+GUARD_INTERVAL = 0.1
+STALL_LIMIT = 10.0
+
+
+class GuardSettings(NamedTuple):
+    """``--guard-margin`` as (bytes, None), (None, percent) or (None, None) for the default; the
+    ``--on-pressure`` signal (None: none); how often to sample; the stall time that stops."""
+
+    margin: tuple[int | None, float | None] = (None, None)
+    on_pressure: int | None = None
+    interval: float = GUARD_INTERVAL
+    stall_limit: float = STALL_LIMIT
+
+
+def parse_signal(text: str, flag: str = "--on-pressure") -> int | None:
+    """``none``, ``SIGUSR1``, ``USR1`` or ``10`` -> the signal number (None for none)."""
+    word = text.strip()
+    if word.lower() == "none":
+        return None
+    if word.isascii() and word.isdigit():
+        with contextlib.suppress(ValueError):
+            return int(signal.Signals(int(word)))
+    name = word.upper() if word.upper().startswith("SIG") else "SIG" + word.upper()
+    if name in signal.Signals.__members__:
+        return int(signal.Signals[name])
+    raise UsageError(f"{flag}: expected a signal (SIGUSR1, USR1, 10) or none, got {text!r}")
+
+
+def settings_from(margin: str | None, on_pressure: str | None) -> GuardSettings:
+    """The guard's settings from the flags' text; ``UsageError`` naming the flag."""
+    spec = parse_size_or_percent(margin, "--guard-margin") if margin is not None else (None, None)
+    return GuardSettings(spec, parse_signal(on_pressure) if on_pressure is not None else None)
+
+
 class RunConfig:
     """The settings of one ``oomguard run``; usage errors are raised here, before anything starts."""
 
@@ -98,6 +140,7 @@ class RunConfig:
         min_concurrency: int = 1,
         stop_timeout: float = 30.0,
         isolate: bool = False,
+        guard: GuardSettings | None = None,
     ) -> None:
         if not command:
             raise UsageError("run: missing the command to run (oomguard run [options] -- CMD ARGS...)")
@@ -115,6 +158,7 @@ class RunConfig:
         self.min_concurrency = min_concurrency
         self.stop_timeout = stop_timeout
         self.isolate = isolate
+        self.guard = guard
 
 
 def worker_values(budget: int, concurrency: int | None, shape: Shape | None) -> dict[str, str]:

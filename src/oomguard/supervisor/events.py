@@ -4,14 +4,17 @@ Every event has the same keys (null where they do not apply)::
 
     {"event": "start"|"exit"|"restart"|"give-up"|"stop", "time": ISO 8601 UTC, "pid",
      "budget_bytes", "concurrency", "effective_bytes", "limited_by",
-     "reason": "oom-kill"|"signal"|"exit"|"clean", "exit_code", "signal",
+     "reason": "oom-kill"|"pressure-stop"|"signal"|"exit"|"clean", "exit_code", "signal",
      "oom_kills", "oom_victim": "worker"|"descendant"|"group",
-     "duration_s", "delay_s", "peak_bytes", "warnings", "message"}
+     "duration_s", "delay_s", "peak_bytes", "guard_margin_bytes", "working_set_peak_bytes",
+     "warnings", "message"}
 
 ``effective_bytes`` and ``limited_by`` are the hard ceiling the budget was computed from and
 where it came from (the report's ``memory`` section), so a limit change shows as such;
 ``warnings`` lists the codes ``run`` printed when it started the worker (a budget above the
-ceiling); an ``exit`` event's message compares the peak with the budget and the limit.
+ceiling); an ``exit`` event's message compares the peak with the budget and the limit. With
+``--guard``, ``guard_margin_bytes`` is the margin below the ceiling where the guard stops the
+worker and ``working_set_peak_bytes`` the highest working set it sampled (``supervisor/guard.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ FIELDS = (
     "duration_s",
     "delay_s",
     "peak_bytes",
+    "guard_margin_bytes",
+    "working_set_peak_bytes",
     "warnings",
     "message",
 )
@@ -76,7 +81,8 @@ def describe(e: dict[str, Any]) -> str:
         if e["concurrency"] is not None:
             parts.append(f"concurrency {e['concurrency']}")
     if e["reason"] is not None:
-        detail = {"signal": f" (signal {e['signal']})", "exit": f" (code {e['exit_code']})"}.get(e["reason"], "")
+        ended = f" (signal {e['signal']})" if e["signal"] is not None else f" (code {e['exit_code']})"
+        detail = {"signal": ended, "exit": ended, "pressure-stop": ended}.get(e["reason"], "")
         victim = " of a descendant" if e["reason"] == "oom-kill" and e["oom_victim"] == "descendant" else ""
         parts.append(f"{e['reason']}{victim}{detail}")
     if e["duration_s"] is not None:

@@ -27,6 +27,10 @@ cannot be told whether it was this process. A child that exits 0 stays ``clean``
 that rose meanwhile is said in the note. With ``run --isolate`` nothing else is in the group,
 so the attribution is exact.
 
+``run --guard`` stops a worker before the kernel acts (``supervisor/guard.py``): its end is a
+``pressure-stop`` (``pressure_stopped``) unless the OOM killer was faster, which the counter
+shows: an ``oom-kill`` stays one.
+
 The return code is as ``subprocess.Popen`` gives it (``os.waitstatus_to_exitcode``): the exit
 status, or minus the signal number.
 """
@@ -40,7 +44,8 @@ CLEAN = "clean"
 EXIT = "exit"
 SIGNAL = "signal"
 OOM_KILL = "oom-kill"
-REASONS = (CLEAN, EXIT, SIGNAL, OOM_KILL)
+PRESSURE_STOP = "pressure-stop"
+REASONS = (CLEAN, EXIT, SIGNAL, OOM_KILL, PRESSURE_STOP)
 # Who the OOM killer hit, as far as the evidence goes (an event's ``oom_victim``).
 WORKER, DESCENDANT, GROUP = "worker", "descendant", "group"
 NO_COUNTER = "no oom_kill counter is readable: an OOM kill cannot be told from another SIGKILL"
@@ -103,6 +108,14 @@ def classify(returncode: int, e: Evidence, *, descendants: bool = True) -> Verdi
         note = f"a descendant of the worker was OOM-killed (oom_kill +{kills})"
         return Verdict(OOM_KILL, DESCENDANT, f"{note}; the worker then ended with {_end(returncode)}")
     return Verdict(plain, GROUP, _unplaced(e, "this process" if sigkill else "one of its descendants"))
+
+
+def pressure_stopped(verdict: Verdict, returncode: int, why: str) -> Verdict:
+    """The verdict on a worker the guard stopped for *why*: ``pressure-stop``, unless it is an OOM kill."""
+    if verdict.reason == OOM_KILL:
+        return verdict
+    note = f"stopped by the guard before the kernel acted: {why}; the worker then ended with {_end(returncode)}"
+    return Verdict(PRESSURE_STOP, verdict.victim, "; ".join(filter(None, [note, verdict.note])))
 
 
 def exit_fields(returncode: int) -> dict[str, int | None]:

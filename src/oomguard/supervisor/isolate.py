@@ -244,6 +244,15 @@ class Isolation:
     def peak(self) -> int | None:
         return read_peak(self.root, self.path, self.version)
 
+    def set_high(self, nbytes: int) -> None:
+        """v2 ``memory.high``, the throttle limit (``run --guard``, supervisor/guard.py); ``OSError`` if refused.
+
+        cgroup-v2.rst, "memory.high": "Memory usage throttle limit. If a cgroup's usage goes over
+        the high boundary, the processes of the cgroup are throttled and put under heavy reclaim
+        pressure." v1 has no such file.
+        """
+        self.fs.write_text(self._file("memory.high"), str(nbytes))
+
     def kill(self) -> int:
         """SIGKILL every process left in the group (and below it), without waiting; how many there were."""
         return drain(self.root, self.fs, self.path, timeout=0, remove=False)[0]

@@ -29,10 +29,19 @@ Every read goes through a ``Root``; nothing here raises.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import NamedTuple
 
+from oomguard.probes.counters import read_oom_kills
 from oomguard.probes.parsers import parse_pid_list
 from oomguard.sources.root import Failure, Root
+from oomguard.supervisor.exits import Evidence, evidence
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard._types import Report
+    from oomguard.supervisor.isolate import Isolation
 
 MAX_GROUPS = 256  # groups walked below a v2 group; more, and the membership is unknown
 MAX_DEPTH = 64  # parent links followed from one process
@@ -132,3 +141,23 @@ def gone(before: Members | None, after: Members | None) -> int | None:
     if before is None or after is None:
         return None
     return len(before.known - after.known) + max(0, before.unseen - after.unseen)
+
+
+def watch_oom(root: Root, report: Report, isolation: Isolation | None) -> Callable[[], Evidence]:
+    """Read the worker's group's OOM-kill counter and its outsiders now (``run``, before a start);
+    the function returned reads both again and gives the evidence of the run.
+
+    The group is the ``--isolate`` group, else the one the report's counter belongs to.
+    """
+    oom = report["memory"]["oom"]
+    source = isolation.oom_source if isolation else oom["source"] if oom else None
+    group = os.path.dirname(source) if source else None
+    version = isolation.version if isolation else report["memory"]["cgroup"]["version"]
+    others = outsiders(root, group, version, os.getpid())
+    before = read_oom_kills(root, source)
+
+    def after() -> Evidence:
+        now = read_oom_kills(root, source)
+        return evidence(before, now, gone(others, outsiders(root, group, version, os.getpid())))
+
+    return after

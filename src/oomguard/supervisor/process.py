@@ -10,6 +10,8 @@ Two prctl(2) options carry that promise (man 2 prctl):
 
 Either can fail (a seccomp filter, a libc without ``prctl``): the promise is then void, and the
 supervisor says so in one line on stderr, once, naming the option and the errno.
+``prepare_child`` is what the worker runs between fork and exec: PR_SET_PDEATHSIG, then the
+move into its ``--isolate`` group.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from typing import Any
 
 from oomguard.probes.counters import child_pids
 from oomguard.sources.root import Root
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard.supervisor.isolate import Isolation
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -68,3 +74,18 @@ def kill_orphans(root: Root, parent: int) -> int:
             os.kill(pid, signal.SIGKILL)
             killed += 1
     return killed
+
+
+def prepare_child(libc: Any, tell: bool, isolation: Isolation | None) -> None:
+    """In the worker after fork, before exec: SIGKILL on the supervisor's death, then the group.
+
+    Only a raw write(2) is safe here; *tell* False keeps a failed prctl quiet after the first start.
+    """
+    err = set_prctl(PR_SET_PDEATHSIG, signal.SIGKILL, libc)
+    if err and tell:
+        os.write(2, prctl_failure(PR_SET_PDEATHSIG, err).encode())
+    if isolation is not None:
+        try:
+            isolation.place_self()
+        except OSError as exc:  # the worker runs on, outside the group: said, not a traceback
+            os.write(2, f"oomguard run: cannot move the worker into {isolation.path}: {exc.strerror}\n".encode())

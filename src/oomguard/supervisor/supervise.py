@@ -7,7 +7,8 @@ job shape, the concurrency) is computed, and the worker gets ``OOMGUARD_BUDGET_B
 kills lowered is forgotten when the limit or the plan changes (``adapt.py``). Each end is
 classified from the group's ``oom_kill`` counter and who else left the group meanwhile
 (``exits.py``, ``members.py``), and the exit event compares the peak with the budget and
-the limit (``events.py``).
+the limit (``events.py``). With ``--guard`` the worker's group is sampled while it runs, and
+the worker is signalled, throttled or stopped before the kernel acts (``guard.py``).
 
 The worker runs in its own process group and session; SIGTERM, SIGINT and SIGHUP sent to the
 supervisor go to that group, and ``stop_timeout`` later SIGKILL follows. The supervisor is a
@@ -15,9 +16,8 @@ child subreaper, kills what is left of the group when the worker exits, and reap
 no zombies, no orphans. The worker also gets SIGKILL should the supervisor itself die
 (both through prctl(2), ``process.py``; a failed prctl is said once on stderr).
 
-Every read of /proc and /sys (the probe before each start, the OOM-kill counter around each
-run, the process table when orphans are hunted) goes through the ``Root`` the supervisor is
-given: the live system by default, a fake tree in tests.
+Every read of /proc and /sys (the probe, the OOM-kill counter, the guard's samples, the process
+table) goes through the ``Root`` the supervisor is given: live by default, a fake tree in tests.
 """
 
 from __future__ import annotations
@@ -33,22 +33,22 @@ from typing import Any
 from oomguard.errors import EXIT_THRESHOLD, BudgetUnknownError, CommandNotFoundError
 from oomguard.policy.budget import probe, resolve_budget
 from oomguard.policy.plan import make_plan
-from oomguard.probes.counters import read_oom_kills
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import LiveRoot, Root
-from oomguard.supervisor.adapt import OOM_STEP_MIN, Adaptation, Key, oom_margin_step, situation
+from oomguard.supervisor.adapt import OOM_STEP_MIN, STEP_DOWN, Adaptation, Key, oom_margin_step, situation
 from oomguard.supervisor.admit import refusal, start_note
 from oomguard.supervisor.config import RunConfig, substitute, worker_env_and_args
 from oomguard.supervisor.events import EventLog, peak_story
-from oomguard.supervisor.exits import OOM_KILL, classify, evidence, exit_fields, shell_status
+from oomguard.supervisor.exits import classify, exit_fields, pressure_stopped, shell_status
+from oomguard.supervisor.guard import Guard, make_guard, wait_guarded
 from oomguard.supervisor.isolate import Isolation, isolation_limit
-from oomguard.supervisor.members import gone, outsiders
+from oomguard.supervisor.members import watch_oom
 from oomguard.supervisor.process import (
     PR_SET_CHILD_SUBREAPER,
-    PR_SET_PDEATHSIG,
     kill_orphans,
     load_libc,
     prctl_failure,
+    prepare_child,
     set_prctl,
 )
 from oomguard.units import MiB
@@ -60,21 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["OOM_STEP_MIN", "RunConfig", "Supervisor", "oom_margin_step", "prepare_child", "substitute"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def prepare_child(libc: Any, tell: bool, isolation: Isolation | None) -> None:
-    """In the worker after fork, before exec: SIGKILL on the supervisor's death, then the group.
-
-    Only a raw write(2) is safe here; *tell* False keeps a failed prctl quiet after the first start.
-    """
-    err = set_prctl(PR_SET_PDEATHSIG, signal.SIGKILL, libc)
-    if err and tell:
-        os.write(2, prctl_failure(PR_SET_PDEATHSIG, err).encode())
-    if isolation is not None:
-        try:
-            isolation.place_self()
-        except OSError as exc:  # the worker runs on, outside the group: said, not a traceback
-            os.write(2, f"oomguard run: cannot move the worker into {isolation.path}: {exc.strerror}\n".encode())
 
 
 class Supervisor:
@@ -114,6 +99,11 @@ class Supervisor:
 
     def _on_alarm(self, signum: int, frame: object) -> None:
         self._killpg(signal.SIGKILL)
+
+    def _stop_worker(self) -> None:
+        """The guard's stop: SIGTERM to the worker's group now, SIGKILL ``stop_timeout`` later."""
+        self._killpg(signal.SIGTERM)
+        signal.setitimer(signal.ITIMER_REAL, max(self.cfg.stop_timeout, 0.001))
 
     def _killpg(self, signum: int) -> None:
         if self.child is not None:
@@ -161,10 +151,20 @@ class Supervisor:
         self.log.stderr.write(f"oomguard run: {'isolate: ' + why if iso else 'cannot isolate: ' + why}\n")
         return iso, limit if iso else None
 
-    def _wait(self) -> tuple[int, int | None]:
+    def _guard(self, report: Report, budget: int, isolation: Isolation | None, limit: int | None) -> Guard | None:
+        if self.cfg.guard is None or self.child is None:
+            return None
+        isolated = (isolation, limit) if isolation is not None and limit is not None else None
+        pid, err = self.child.pid, self.log.stderr
+        return make_guard(self.cfg.guard, report, budget, isolated=isolated, root=self.root, pid=pid, stderr=err)
+
+    def _wait(self, guard: Guard | None) -> tuple[int, int | None]:
         """Block until the worker exits: (returncode as Popen gives it, peak RSS bytes)."""
         assert self.child is not None
-        _, status, usage = os.wait4(self.child.pid, 0)
+        if guard is None:
+            _, status, usage = os.wait4(self.child.pid, 0)
+        else:
+            status, usage = wait_guarded(self.child.pid, guard, lambda: self.stopping is None, self._stop_worker)
         signal.setitimer(signal.ITIMER_REAL, 0)
         self.child.returncode = os.waitstatus_to_exitcode(status)
         return self.child.returncode, usage.ru_maxrss * 1024 or None
@@ -184,26 +184,8 @@ class Supervisor:
                     deadline = self.clock() + 2.0
                 time.sleep(0.01)
 
-    def _run_once(self, report: Report, ctx: dict[str, Any], lifted: str | None) -> tuple[int, dict[str, Any], float]:
-        """Start the worker, wait for it, classify its end: (returncode, event fields, uptime)."""
-        budget, concurrency = ctx["budget_bytes"], ctx["concurrency"]
-        env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.cfg.shape)
-        isolation, iso_limit = self._isolation(report, budget)
-        oom = report["memory"]["oom"]
-        oom_source = isolation.oom_source if isolation else oom["source"] if oom else None
-        group = os.path.dirname(oom_source) if oom_source else None
-        version = isolation.version if isolation else report["memory"]["cgroup"]["version"]
-        others = outsiders(self.root, group, version, os.getpid())
-        before = read_oom_kills(self.root, oom_source)
-        started = self.clock()
-        self.child = self._spawn(env, args, isolation)
-        pid = self.child.pid
-        self.log.emit("start", pid=pid, **ctx, **start_note(report, lifted))
-        if self.stopping is not None:  # a signal between spawn and now
-            self._on_signal(self.stopping, None)
-        rc, peak = self._wait()
-        after = read_oom_kills(self.root, oom_source)
-        e = evidence(before, after, gone(others, outsiders(self.root, group, version, os.getpid())))
+    def _clean_up(self, isolation: Isolation | None, peak: int | None) -> int | None:
+        """Kill and reap what is left of the run, remove its group; the peak (the group's, when isolated)."""
         if isolation is not None:
             isolation.kill()  # cgroup.kill: everything in the worker's group (other sessions too) dies now
         self._cleanup_group()
@@ -211,12 +193,33 @@ class Supervisor:
             peak = isolation.peak() or peak
             if not isolation.remove():
                 self.log.stderr.write(f"oomguard run: isolate: cannot remove {isolation.path}\n")
+        return peak
+
+    def _run_once(self, report: Report, ctx: dict[str, Any], lifted: str | None) -> tuple[int, dict[str, Any], float]:
+        """Start the worker, wait for it, classify its end: (returncode, event fields, uptime)."""
+        budget, concurrency = ctx["budget_bytes"], ctx["concurrency"]
+        env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.cfg.shape)
+        isolation, iso_limit = self._isolation(report, budget)
+        oom_evidence = watch_oom(self.root, report, isolation)
+        started = self.clock()
+        self.child = self._spawn(env, args, isolation)
+        pid = self.child.pid
+        self.log.emit("start", pid=pid, **ctx, **start_note(report, lifted))
+        guard = self._guard(report, budget, isolation, iso_limit)
+        if self.stopping is not None:  # a signal between spawn and now
+            self._on_signal(self.stopping, None)
+        rc, peak = self._wait(guard)
+        e = oom_evidence()
+        peak = self._clean_up(isolation, peak)
         uptime = self.clock() - started
         verdict = classify(rc, e)
+        if guard is not None and guard.watch.stop_why is not None:  # the guard stopped it
+            verdict = pressure_stopped(verdict, rc, guard.watch.stop_why)
         common = {"pid": pid, **ctx, "reason": verdict.reason, "oom_kills": e.kills, "oom_victim": verdict.victim}
-        common |= exit_fields(rc)
+        common |= exit_fields(rc) | (guard.fields() if guard is not None else {})
         limit, source = (iso_limit, "isolated") if iso_limit else (ctx["effective_bytes"], ctx["limited_by"])
-        story = "; ".join(filter(None, [peak_story(peak, budget, limit, source), verdict.note])) or None
+        said = [peak_story(peak, budget, limit, source), verdict.note, guard.story() if guard is not None else None]
+        story = "; ".join(filter(None, said)) or None
         self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, message=story, **common)
         return rc, common, uptime
 
@@ -278,9 +281,9 @@ class Supervisor:
             self.log.emit("give-up", message=message, **common)
             return False
         healthy = self.adapt.after_run(uptime, policy.healthy_after, common["reason"])
-        if common["reason"] == OOM_KILL:
+        if common["reason"] in STEP_DOWN:
             assert self._situation is not None
-            healthy = self.adapt.after_oom(report, common["concurrency"], self._situation)
+            healthy = self.adapt.after_oom(report, common["concurrency"], self._situation, common["reason"])
         delay = policy.next_delay(uptime, now)
         self.log.emit("restart", delay_s=delay, message=healthy, **common)
         if not self._backoff(delay):

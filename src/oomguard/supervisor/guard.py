@@ -1,0 +1,287 @@
+"""``oomguard run --guard``: watch the worker's memory cgroup and act before the kernel does.
+
+Every ``interval`` (100 ms) the supervisor samples the worker's group: its ``--isolate`` group,
+else the group whose limit binds, its own or an ancestor, where a charge fails (as
+``MemoryBudget(watch=True)`` does, policy/watch.py). ``probes/counters.read_sample`` reads v2
+``memory.current``, ``memory.stat``, ``memory.events``, ``memory.pressure``; v1
+``memory.usage_in_bytes``, ``memory.stat``. The working set is usage - inactive_file, as the
+probe computes it. ``GuardState`` decides on each sample (pure: tested on numbers); ``Guard``
+reads and acts (docs/guard.md). The flags become a ``GuardSettings`` in ``config.py``.
+
+- **at the budget** (working set >= budget), once per crossing: ``--on-pressure`` (default none)
+  goes to the worker's main process, and with ``--isolate`` on v2 the group's ``memory.high``
+  is set to the budget. The crossing re-arms when the working set falls below 95% of it.
+- **near the ceiling** (working set >= ceiling - ``--guard-margin``; default max(64 MiB, 2% of
+  the ceiling)): stop. The supervisor sends SIGTERM to the worker's process group, SIGKILL
+  ``--stop-timeout`` later, and records ``pressure-stop``.
+- **stalled under memory.high**: cgroup-v2.rst, "memory.high": "Going over the high limit never
+  invokes the OOM killer and under extreme conditions the limit may be breached. The high
+  limit should be used in scenarios where an external process monitors the limited cgroup to
+  alleviate heavy reclaim pressure." The kernel throttles a group over ``memory.high`` by
+  sleeping its allocating tasks (mm/memcontrol.c, ``mem_cgroup_handle_over_high``, counted as
+  memory stall in PSI): a worker that cannot shed load crawls just above its budget and never
+  reaches the ceiling. So once the group's PSI ``full`` time (all its tasks stalled on memory,
+  Documentation/accounting/psi.rst) grows by ``stall_limit`` (10 s) during one crossing, that
+  is a stop too.
+
+The ceiling is the isolated group's limit with ``--isolate``, else the hard ceiling the budget
+was computed from (``memory.effective_bytes``), which is that group's limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import select
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import TextIO
+
+from oomguard.probes.counters import MemorySample, read_sample
+from oomguard.sources.root import Root
+from oomguard.supervisor.config import GuardSettings
+from oomguard.units import MiB, format_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard._types import Report
+    from oomguard.supervisor.isolate import Isolation
+
+MARGIN_MIN = 64 * MiB
+MARGIN_RATIO = 0.02
+REARM_RATIO = 0.95
+PRESSURE, HIGH, STOP = "pressure", "high", "stop"
+
+
+def guard_margin(spec: tuple[int | None, float | None], ceiling: int) -> int:
+    """The margin below *ceiling*: the size given, PCT% of the ceiling, or max(64 MiB, 2%)."""
+    size, pct = spec
+    if size is not None:
+        return size
+    if pct is not None:
+        return int(ceiling * pct / 100)
+    return max(MARGIN_MIN, int(ceiling * MARGIN_RATIO))
+
+
+class GuardState:
+    """The decisions of one run, sample by sample: no I/O."""
+
+    def __init__(self, budget: int, ceiling: int, margin: int, *, set_high: bool, stall_limit: float) -> None:
+        self.budget, self.ceiling, self.margin = budget, ceiling, margin
+        self.stop_line = ceiling - margin
+        self.rearm = int(budget * REARM_RATIO)
+        self.set_high, self.stall_limit = set_high, stall_limit
+        self.armed, self.high_set = True, False
+        self.crossings = 0
+        self.peak: int | None = None
+        self.stop_why: str | None = None  # set once: why the worker is stopped
+        self._stall0: float | None = None  # PSI full total at this crossing
+
+    def step(self, s: MemorySample) -> list[str]:
+        """The actions this sample asks for: PRESSURE, HIGH, STOP (each at most once a crossing)."""
+        ws = s.working_set
+        if ws is None:
+            return []
+        self.peak = ws if self.peak is None else max(self.peak, ws)
+        if self.stop_why is not None:
+            return []
+        actions = self._budget(ws, s.stall_us)
+        if ws >= self.stop_line:
+            self.stop_why = (
+                f"working set {format_size(ws)} reached the stop line {format_size(self.stop_line)} "
+                f"({format_size(self.ceiling)} limit - {format_size(self.margin)} guard margin)"
+            )
+        elif self._stalled(s.stall_us):
+            self.stop_why = (
+                f"stalled {self.stall_limit:g}s on memory under memory.high {format_size(self.budget)} "
+                f"with the working set {format_size(ws)} above the budget"
+            )
+        return [*actions, STOP] if self.stop_why else actions
+
+    def _budget(self, ws: int, stall_us: float | None) -> list[str]:
+        if ws < self.rearm:
+            self.armed, self._stall0 = True, None
+            return []
+        if ws < self.budget or not self.armed:
+            return []
+        self.armed, self._stall0 = False, stall_us
+        self.crossings += 1
+        if self.set_high and not self.high_set:
+            self.high_set = True
+            return [PRESSURE, HIGH]
+        return [PRESSURE]
+
+    def _stalled(self, stall_us: float | None) -> bool:
+        if not self.high_set or self.armed or stall_us is None:
+            return False
+        if self._stall0 is None:
+            self._stall0 = stall_us
+        return (stall_us - self._stall0) / 1e6 >= self.stall_limit
+
+
+class Guard:
+    """Samples *group* through *root* for the worker *pid* and acts on what ``GuardState`` decides."""
+
+    def __init__(
+        self,
+        settings: GuardSettings,
+        watch: GuardState,
+        *,
+        root: Root,
+        group: str,
+        version: int,
+        pid: int,
+        stderr: TextIO,
+        isolation: Isolation | None = None,
+    ) -> None:
+        self.settings, self.watch, self.root, self.group, self.version = settings, watch, root, group, version
+        self.pid, self.stderr, self.isolation = pid, stderr, isolation
+        self.first: MemorySample | None = None
+        self.last: MemorySample | None = None
+        self.blind = False  # said once: the working set cannot be read
+
+    def tick(self) -> bool:
+        """Sample once and act; True when the worker must be stopped now (once)."""
+        s = read_sample(self.root, self.group, self.version)
+        if s.working_set is None and not self.blind:
+            self.blind = True
+            self._say(f"cannot read the usage of {self.group}: nothing to act on while it stays unreadable")
+        if s.working_set is not None:
+            self.first, self.last = self.first or s, s
+        actions = self.watch.step(s)
+        if PRESSURE in actions:
+            self._pressure(s)
+        if HIGH in actions and self.isolation is not None:
+            self._high()
+        if STOP in actions:
+            self._say(f"pressure stop: {self.watch.stop_why}; SIGTERM to the worker's process group")
+        return STOP in actions
+
+    def _say(self, text: str) -> None:
+        self.stderr.write(f"oomguard run: guard: {text}\n")
+        self.stderr.flush()
+
+    def _pressure(self, s: MemorySample) -> None:
+        sig = self.settings.on_pressure
+        what = f"working set {format_size(s.working_set)} reached the budget {format_size(self.watch.budget)}"
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, sig)
+            what += f"; {signal.Signals(sig).name} sent to pid {self.pid}"
+        self._say(what)
+
+    def _high(self) -> None:
+        assert self.isolation is not None
+        try:
+            self.isolation.set_high(self.watch.budget)
+        except OSError as exc:
+            self._say(f"cannot set {self.isolation.path}/memory.high: {exc.strerror}")
+            return
+        self._say(f"memory.high of {self.isolation.path} set to {format_size(self.watch.budget)}")
+
+    def fields(self) -> dict[str, int | None]:
+        """The exit event's guard fields."""
+        return {"guard_margin_bytes": self.watch.margin, "working_set_peak_bytes": self.watch.peak}
+
+    def story(self) -> str | None:
+        """What the guard saw, for the exit event's message."""
+        w, first, last = self.watch, self.first, self.last
+        parts = [f"the working set reached the budget {w.crossings} time(s)"] if w.crossings else []
+        if w.high_set and first is not None and last is not None and "high" in last.events:
+            parts.append(f"memory.high events +{last.events['high'] - first.events.get('high', 0)}")
+        if first is not None and last is not None and last.stall_us is not None and first.stall_us is not None:
+            stall = (last.stall_us - first.stall_us) / 1e6
+            if stall >= 0.05:
+                parts.append(f"memory stall {stall:.1f}s")
+        return ("guard: " + ", ".join(parts)) if parts else None
+
+
+def binding_group(report: Report) -> tuple[str | None, int | None]:
+    """(directory, version) of the memory cgroup whose limit is the hard ceiling, else this process's own.
+
+    A charge fails at whichever level reaches its limit first (cgroup-v2.rst, "memory.current":
+    "the total amount of memory currently being used by the cgroup and its descendants"), so
+    that level's working set is the one to compare with its limit. v1's
+    ``memory.stat:hierarchical_memory_limit`` names the leaf's own file: the leaf is read then.
+    """
+    mem = report["memory"]
+    cg = mem["cgroup"]
+    group = cg["dir"]
+    if cg["limit_file"] is not None and mem["limited_by"] == f"cgroup-v{cg['version']}":
+        group = cg["limit_file"].rpartition("/")[0]
+    return group, cg["version"]
+
+
+def make_guard(
+    settings: GuardSettings,
+    report: Report,
+    budget: int,
+    *,
+    isolated: tuple[Isolation, int] | None,
+    root: Root,
+    pid: int,
+    stderr: TextIO,
+) -> Guard | None:
+    """The guard of one run (*isolated*: the worker's group and its limit), or None when it cannot
+    watch anything (said in one line)."""
+    group: str | None
+    version: int | None
+    ceiling: int | None
+    if isolated is not None:
+        group, version, ceiling = isolated[0].path, isolated[0].version, isolated[1]
+    else:
+        (group, version), ceiling = binding_group(report), report["memory"]["effective_bytes"]
+    if group is None or version is None or ceiling is None:
+        stderr.write("oomguard run: guard: no memory cgroup or no ceiling to watch; the guard is off\n")
+        return None
+    margin = guard_margin(settings.margin, ceiling)
+    if margin >= ceiling:
+        stderr.write(
+            f"oomguard run: guard: the guard margin {format_size(margin)} is not below the ceiling "
+            f"{format_size(ceiling)}; the guard is off\n"
+        )
+        return None
+    high = isolated is not None and version == 2
+    watch = GuardState(budget, ceiling, margin, set_high=high, stall_limit=settings.stall_limit)
+    iso = isolated[0] if isolated is not None else None
+    guard = Guard(settings, watch, root=root, group=group, version=version, pid=pid, stderr=stderr, isolation=iso)
+    sig = signal.Signals(settings.on_pressure).name if settings.on_pressure is not None else "none"
+    guard._say(
+        f"watching {group} every {settings.interval * 1000:g} ms: at the budget {format_size(budget)} "
+        f"--on-pressure {sig}{', memory.high' if high else ''}; stop at {format_size(watch.stop_line)} "
+        f"({format_size(ceiling)} limit - {format_size(margin)} guard margin)"
+    )
+    return guard
+
+
+@contextlib.contextmanager
+def exit_waiter(pid: int) -> Iterator[Callable[[float], None]]:
+    """A function that waits up to N seconds or until *pid* exits (a pidfd, Linux >= 5.3), else sleeps."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        yield time.sleep
+        return
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        yield lambda seconds: (poller.poll(seconds * 1000), None)[1]
+    finally:
+        os.close(fd)
+
+
+def wait_guarded(
+    pid: int, guard: Guard, watching: Callable[[], bool], stop: Callable[[], None]
+) -> tuple[int, resource.struct_rusage]:
+    """Wait for the child *pid*, sampling every ``interval`` while *watching*; ``stop`` when the guard
+    says so. Returns the wait status and resource usage, as ``os.wait4``."""
+    with exit_waiter(pid) as wait_exit:
+        while True:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done:
+                return status, usage
+            if watching() and guard.tick():
+                stop()
+            wait_exit(guard.settings.interval)

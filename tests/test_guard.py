@@ -1,0 +1,503 @@
+"""``oomguard run --guard``: the decisions on numbers, the guard over fake trees (the worker plays the
+kernel and writes its own usage), real v1 cgroups here (a growing worker is stopped before the OOM
+killer acts), and the manager taking the ``pressure-stop`` event. The v2 memory.high path runs in
+the VM (tests/vm/guest/check_guard.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oomguard.errors import UsageError
+from oomguard.probes.counters import MemorySample, read_sample
+from oomguard.sources.cgroupfs import CgroupFS
+from oomguard.sources.root import DirRoot
+from oomguard.supervisor.adapt import Adaptation
+from oomguard.supervisor.config import GuardSettings, parse_signal, settings_from
+from oomguard.supervisor.exits import Evidence, classify, pressure_stopped
+from oomguard.supervisor.guard import HIGH, PRESSURE, STOP, Guard, GuardState, binding_group, guard_margin
+from oomguard.supervisor.isolate import Isolation
+from tests.conftest import REPO
+from tests.realcgroup import Group, writable_parent
+from tests.test_exits import cgroup_tree
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+MiB = 1024**2
+GiB = 1024**3
+PY = sys.executable
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+ENV.pop("OOMGUARD_BUDGET", None)
+
+
+def sample(usage: int | None, inactive: int = 0, stall_s: float | None = None, high: int = 0) -> MemorySample:
+    return MemorySample(usage, inactive, {"high": high}, None if stall_s is None else stall_s * 1e6)
+
+
+# -- the decisions, on numbers ----------------------------------------------------------------------
+
+
+def test_the_default_margin_is_64mib_or_2_percent_of_the_ceiling() -> None:
+    assert guard_margin((None, None), 512 * MiB) == 64 * MiB
+    assert guard_margin((None, None), 100 * GiB) == 2 * GiB
+    assert guard_margin((None, 5.0), 100 * GiB) == 5 * GiB
+    assert guard_margin((128 * MiB, None), 100 * GiB) == 128 * MiB
+    assert settings_from("10%", "usr1") == GuardSettings((None, 10.0), signal.SIGUSR1)
+    assert settings_from(None, None) == GuardSettings()
+
+
+@pytest.mark.parametrize(
+    ("text", "number"), [("none", None), ("NONE", None), ("SIGUSR1", 10), ("usr2", 12), ("10", 10), ("SIGTERM", 15)]
+)
+def test_on_pressure_names_a_signal(text: str, number: int | None) -> None:
+    assert parse_signal(text) == number
+
+
+@pytest.mark.parametrize("text", ["SIGFOO", "", "999", "-1", "USR1 USR2"])
+def test_on_pressure_refuses_what_is_no_signal(text: str) -> None:
+    with pytest.raises(UsageError, match=r"^--on-pressure: expected a signal"):
+        parse_signal(text)
+
+
+def test_at_the_budget_once_per_crossing_with_hysteresis() -> None:
+    w = GuardState(256 * MiB, 512 * MiB, 64 * MiB, set_high=True, stall_limit=10)
+    assert w.stop_line == 448 * MiB and w.rearm == int(256 * MiB * 0.95)
+    assert w.step(sample(200 * MiB)) == []
+    assert w.step(sample(256 * MiB)) == [PRESSURE, HIGH]  # at the budget: >=
+    assert w.step(sample(300 * MiB)) == []  # once per crossing
+    assert w.step(sample(250 * MiB)) == []  # below the budget but above 95% of it: not re-armed
+    assert w.step(sample(260 * MiB)) == []
+    assert w.step(sample(243 * MiB)) == []  # below 95%: re-armed
+    assert w.step(sample(257 * MiB)) == [PRESSURE]  # memory.high is set once per run
+    assert w.crossings == 2 and w.peak == 300 * MiB and w.stop_why is None
+
+
+def test_the_working_set_not_the_usage_decides() -> None:
+    w = GuardState(256 * MiB, 512 * MiB, 64 * MiB, set_high=False, stall_limit=10)
+    assert w.step(sample(500 * MiB, inactive=300 * MiB)) == []  # 200 MiB working set: page cache is reclaimable
+    assert w.step(sample(500 * MiB, inactive=40 * MiB)) == [PRESSURE, STOP]  # 460 MiB: past both lines at once
+    assert w.stop_why == "working set 460 MiB reached the stop line 448 MiB (512 MiB limit - 64 MiB guard margin)"
+    assert w.step(sample(510 * MiB)) == []  # stopped once; the peak still follows
+    assert w.peak == 510 * MiB
+    assert w.step(sample(None)) == [] and w.peak == 510 * MiB  # unreadable: nothing decided
+
+
+def test_a_worker_stalled_under_memory_high_is_stopped() -> None:
+    w = GuardState(256 * MiB, 512 * MiB, 64 * MiB, set_high=True, stall_limit=10)
+    assert w.step(sample(270 * MiB, stall_s=100.0)) == [PRESSURE, HIGH]
+    assert w.step(sample(275 * MiB, stall_s=109.0)) == []  # 9 s of full stall since the crossing
+    assert w.step(sample(276 * MiB, stall_s=110.0)) == [STOP]
+    assert w.stop_why == (
+        "stalled 10s on memory under memory.high 256 MiB with the working set 276 MiB above the budget"
+    )
+    # without memory.high (v1, or not isolated) a stall is the worker's business, not a stop
+    v1 = GuardState(256 * MiB, 512 * MiB, 64 * MiB, set_high=False, stall_limit=10)
+    assert v1.step(sample(270 * MiB, stall_s=0.0)) == [PRESSURE]
+    assert v1.step(sample(270 * MiB, stall_s=60.0)) == []
+    # a new crossing counts its stall afresh
+    again = GuardState(256 * MiB, 512 * MiB, 64 * MiB, set_high=True, stall_limit=10)
+    again.step(sample(270 * MiB, stall_s=0.0))
+    again.step(sample(270 * MiB, stall_s=8.0))
+    again.step(sample(100 * MiB, stall_s=8.0))  # re-armed
+    assert again.step(sample(270 * MiB, stall_s=9.0)) == [PRESSURE]
+    assert again.step(sample(270 * MiB, stall_s=17.0)) == []  # 8 s of this crossing, not 17
+
+
+def test_a_pressure_stop_is_a_verdict_unless_the_kernel_was_first() -> None:
+    why = "working set 460 MiB reached the stop line 448 MiB"
+    v = pressure_stopped(classify(-15, Evidence(0, 0)), -15, why)
+    assert (v.reason, v.victim) == ("pressure-stop", None)
+    assert v.note == f"stopped by the guard before the kernel acted: {why}; the worker then ended with signal 15"
+    assert pressure_stopped(classify(0, Evidence(0, 0)), 0, why).reason == "pressure-stop"  # a graceful exit 0 too
+    killed = classify(-9, Evidence(1, 0))
+    assert pressure_stopped(killed, -9, why) == killed  # the OOM killer acted first: an oom-kill stays one
+
+
+def test_a_pressure_stop_steps_down_as_an_oom_kill_does() -> None:
+    a = Adaptation("concurrency")
+    report: Any = {"budget": {"source": "auto", "basis_bytes": 8 * GiB}}
+    assert a.after_oom(report, 3, (8 * GiB, None, 3), "pressure-stop") == "after a pressure stop: concurrency 3 -> 2"
+    assert a.after_run(1000, 10, "pressure-stop") is None  # not a healthy end: the cap stays
+    assert a.capped(3) == 2
+    m = Adaptation("margin")
+    assert m.after_oom(report, None, (8 * GiB, None, None), "pressure-stop").startswith(
+        "after a pressure stop: safety margin raised by 409.6 MiB"
+    )
+
+
+@pytest.mark.parametrize(
+    ("limit_file", "limited_by", "version", "watched"),
+    [
+        ("/sys/fs/cgroup/a/memory.max", "cgroup-v2", 2, "/sys/fs/cgroup/a"),  # the limit is set above: there
+        ("/sys/fs/cgroup/a/b/memory.max", "cgroup-v2", 2, "/sys/fs/cgroup/a/b"),
+        ("/proc/meminfo:MemTotal", "meminfo", 2, "/sys/fs/cgroup/a/b"),  # no cgroup limit: the own group
+        ("/sys/fs/cgroup/a/b/memory.stat:hierarchical_memory_limit", "cgroup-v1", 1, "/sys/fs/cgroup/a/b"),
+    ],
+)
+def test_the_group_whose_limit_binds_is_watched(limit_file: str, limited_by: str, version: int, watched: str) -> None:
+    cgroup = {"dir": "/sys/fs/cgroup/a/b", "version": version, "limit_file": limit_file}
+    report: Any = {"memory": {"limited_by": limited_by, "cgroup": cgroup}}
+    assert binding_group(report) == (watched, version)
+
+
+# -- reading a group ---------------------------------------------------------------------------------
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / name.lstrip("/")).write_text(text)
+
+
+def test_read_sample_on_v1_and_v2_trees(tmp_path: Path) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "/g2/memory.current": f"{300 * MiB}\n",
+            "/g2/memory.stat": f"anon {200 * MiB}\nfile {100 * MiB}\ninactive_file {60 * MiB}\n",
+            "/g2/memory.events": "low 0\nhigh 7\nmax 0\noom 0\noom_kill 0\n",
+            "/g2/memory.pressure": "some avg10=1.00 avg60=0.50 avg300=0.10 total=900\n"
+            "full avg10=0.50 avg60=0.20 avg300=0.00 total=400\n",
+            "/g1/memory.usage_in_bytes": f"{300 * MiB}\n",
+            "/g1/memory.stat": f"inactive_file {10 * MiB}\ntotal_inactive_file {50 * MiB}\n",
+        },
+    )
+    root = DirRoot(str(tmp_path))
+    s2 = read_sample(root, "/g2", 2)
+    assert (s2.working_set, s2.events["high"], s2.stall_us) == (240 * MiB, 7, 400.0)
+    s1 = read_sample(root, "/g1", 1)
+    assert (s1.working_set, s1.events, s1.stall_us) == (250 * MiB, {}, None)  # the hierarchical total_ key
+    assert read_sample(root, "/gone", 2) == MemorySample(None, None, {}, None)
+
+
+FILES = ["memory.current", "memory.stat", "memory.events", "memory.pressure"]
+
+
+@given(st.dictionaries(st.sampled_from(FILES), st.text()))
+def test_read_sample_never_raises(files: dict[str, str]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tree(Path(tmp), {f"/g/{k}": v for k, v in files.items()})
+        s = read_sample(DirRoot(tmp), "/g", 2)
+        assert s.working_set is None or s.working_set >= 0
+
+
+# -- the guard over a fake tree: it reads, signals, writes memory.high -----------------------------
+
+
+def wait_text(path: Path, timeout: float = 10) -> str:
+    end = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < end, f"{path} never written"
+        time.sleep(0.01)
+    return path.read_text()
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A child that writes which signals it got (SIGUSR1 is recorded, not fatal)."""
+    got = tmp_path / "signals"
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda s, f: open(sys.argv[1], 'a').write('USR1\\n'))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    p = subprocess.Popen([PY, "-c", code, str(got)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"
+    yield p, got
+    p.kill()
+    p.wait()
+
+
+def test_the_guard_signals_and_sets_memory_high(tmp_path: Path, sleeper: tuple[subprocess.Popen[str], Path]) -> None:
+    child, got = sleeper
+    tree = tmp_path / "tree"
+    group = "/sys/fs/cgroup/w"
+    write_tree(tree, {group + "/memory.current": f"{100 * MiB}\n", group + "/memory.events": "high 0\n"})
+    iso = Isolation(group, 2, DirRoot(str(tree)), CgroupFS(str(tree)))
+    watch = GuardState(256 * MiB, 512 * MiB, 64 * MiB, set_high=True, stall_limit=10)
+    err = io.StringIO()
+    settings = GuardSettings(on_pressure=signal.SIGUSR1)
+    root = DirRoot(str(tree))
+    g = Guard(settings, watch, root=root, group=group, version=2, pid=child.pid, stderr=err, isolation=iso)
+    assert g.tick() is False and not (tree / group.lstrip("/") / "memory.high").exists()
+    write_tree(tree, {group + "/memory.current": f"{300 * MiB}\n", group + "/memory.events": "high 3\n"})
+    assert g.tick() is False
+    assert (tree / group.lstrip("/") / "memory.high").read_text() == str(256 * MiB)
+    assert wait_text(got) == "USR1\n" and child.poll() is None  # delivered, handled, alive
+    assert err.getvalue().splitlines() == [
+        f"oomguard run: guard: working set 300 MiB reached the budget 256 MiB; SIGUSR1 sent to pid {child.pid}",
+        f"oomguard run: guard: memory.high of {group} set to 256 MiB",
+    ]
+    write_tree(tree, {group + "/memory.current": f"{450 * MiB}\n"})
+    assert g.tick() is True and g.tick() is False  # stop once
+    assert g.fields() == {"guard_margin_bytes": 64 * MiB, "working_set_peak_bytes": 450 * MiB}
+    assert g.story() == "guard: the working set reached the budget 1 time(s), memory.high events +3"
+
+
+# -- the whole supervisor over a fake tree ---------------------------------------------------------
+
+SUPERVISE = """
+import json, sys
+from oomguard.policy.plan import Shape
+from oomguard.sources.cgroupfs import CgroupFS
+from oomguard.sources.root import DirRoot
+from oomguard.supervisor.events import EventLog
+from oomguard.supervisor.config import GuardSettings
+from oomguard.supervisor.restart import RestartPolicy
+from oomguard.supervisor.supervise import RunConfig, Supervisor
+
+tree, events, opts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+policy = RestartPolicy(opts.get("restart", "on-failure"), backoff_initial=0.01, max_restarts=3)
+guard = GuardSettings(on_pressure=opts.get("on_pressure"), stall_limit=opts.get("stall_limit", 10.0))
+config = RunConfig(
+    opts["command"], budget=opts.get("budget"), shape=Shape(**opts["shape"]) if opts.get("shape") else None,
+    policy=policy, isolate=opts.get("isolate", False), guard=guard, stop_timeout=opts.get("stop_timeout", 5.0),
+)
+sys.exit(Supervisor(config, EventLog(events), root=DirRoot(tree), cgroupfs=CgroupFS(tree)).run())
+"""
+
+# Run N (counted in STATE) plays PLAN[N], a list of steps on its group (the isolated group of its
+# parent, the supervisor, when ISOLATED): {"usage": n} writes memory.current and waits 50 ms,
+# {"write": {file: text}}, {"wait_for": file}, {"copy": [file, dest]}, {"sleep": s}; then it exits 0.
+# SIGTERM is written down in MARKER, then it exits 0. Either way it sets memory.current back to
+# 1 MiB first, as the kernel uncharges what an exiting process held.
+GROWER = """
+import json, os, shutil, signal, sys, time
+tree, marker, state, plan, isolated = sys.argv[1:6]
+n = int(open(state).read()) if os.path.exists(state) else 0
+open(state, 'w').write(str(n + 1))
+group = tree + '/sys/fs/cgroup' + ('/oomguard-run-%d' % os.getppid() if isolated == '1' else '')
+def term(*a):
+    open(marker, 'a').write('TERM %d\\n' % n)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+import atexit
+atexit.register(lambda: open(group + '/memory.current', 'w').write(str(1 << 20)))
+for step in json.loads(plan)[n]:
+    if 'usage' in step:
+        open(group + '/memory.current', 'w').write(str(step['usage']))
+        time.sleep(0.05)
+    for name, text in step.get('write', {}).items():
+        open(group + '/' + name, 'w').write(text)
+    while 'wait_for' in step and not os.path.exists(group + '/' + step['wait_for']):
+        time.sleep(0.01)
+    if 'copy' in step:
+        shutil.copy(group + '/' + step['copy'][0], step['copy'][1])
+    time.sleep(step.get('sleep', 0))
+"""
+
+
+def grow(*usages: int) -> list[dict[str, Any]]:
+    return [{"usage": u} for u in usages]
+
+
+def supervise(
+    tree: Path, plan: list[list[dict[str, Any]]], isolated: bool = False, **opts: Any
+) -> tuple[int, list[Any]]:
+    events, marker = tree.parent / "events.jsonl", tree.parent / "marker"
+    state = tree.parent / "state"
+    grower = [PY, "-c", GROWER, str(tree), str(marker), str(state), json.dumps(plan), "1" if isolated else "0"]
+    opts = {"command": grower, "isolate": isolated, **opts}
+    proc = subprocess.run([PY, "-c", SUPERVISE, str(tree), str(events), json.dumps(opts)],
+                          env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, [json.loads(line) for line in events.read_text().splitlines()]
+
+
+def test_a_growing_worker_is_stopped_and_restarted_with_one_job_fewer(tmp_path: Path) -> None:
+    # 1 GiB: auto budget 768 MiB, 3 jobs of 256 MiB; the guard stops at 1 GiB - 64 MiB = 960 MiB.
+    tree = cgroup_tree(tmp_path / "tree", 2, GiB, **{"sys/fs/cgroup/memory.stat": "inactive_file 0\n"})
+    first = [*grow(500 * MiB, 800 * MiB, 900 * MiB, 970 * MiB), {"sleep": 10}]
+    rc, ev = supervise(tree, [first, [*grow(500 * MiB), {"sleep": 0.3}]], shape={"per_job": 256 * MiB})
+    assert rc == 0
+    assert [(e["event"], e["concurrency"]) for e in ev] == [
+        ("start", 3), ("exit", 3), ("restart", 3), ("start", 2), ("exit", 2),
+    ]  # fmt: skip
+    stop = ev[1]
+    assert (stop["reason"], stop["exit_code"], stop["oom_kills"]) == ("pressure-stop", 0, 0)
+    assert (stop["guard_margin_bytes"], stop["working_set_peak_bytes"]) == (64 * MiB, 970 * MiB)
+    assert (
+        "stopped by the guard before the kernel acted: working set 970 MiB reached the stop line 960 MiB"
+        in (stop["message"])
+    )
+    assert ev[2]["message"] == "after a pressure stop: concurrency 3 -> 2"
+    assert (tmp_path / "marker").read_text() == "TERM 0\n"  # the worker got its SIGTERM
+    assert ev[4]["reason"] == "clean" and ev[4]["working_set_peak_bytes"] == 500 * MiB
+
+
+def test_page_cache_is_no_reason_to_stop(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2, GiB, **{"sys/fs/cgroup/memory.stat": f"inactive_file {300 * MiB}\n"})
+    rc, ev = supervise(tree, [[*grow(1000 * MiB), {"sleep": 0.5}]], restart="never")
+    assert rc == 0 and ev[1]["reason"] == "clean" and ev[1]["working_set_peak_bytes"] == 700 * MiB
+
+
+def test_a_worker_that_ignores_sigterm_gets_sigkill_after_the_stop_timeout(tmp_path: Path) -> None:
+    tree = cgroup_tree(tmp_path / "tree", 2, GiB)
+    current = tree / "sys/fs/cgroup/memory.current"
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    code += f"open(sys.argv[1], 'w').write('{1000 * MiB}'); time.sleep(30)"
+    stubborn = [PY, "-c", code, str(current)]
+    rc, ev = supervise(tree, [], restart="never", command=stubborn, stop_timeout=0.3)
+    assert rc == 137
+    assert (ev[1]["reason"], ev[1]["signal"], ev[1]["duration_s"] < 10) == ("pressure-stop", 9, True)
+
+
+def test_isolated_on_v2_memory_high_then_a_stall_stop(tmp_path: Path) -> None:
+    """--budget 256MiB --isolate: a 512 MiB group; at the budget memory.high; 2 s of full stall over a 1 s limit."""
+    tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB, **{"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
+    psi = "some avg10=90.00 avg60=50.00 avg300=10.00 total=%d\nfull avg10=90.00 avg60=50.00 avg300=10.00 total=%d\n"
+    plan = [
+        {"write": {"memory.pressure": psi % (0, 0)}},
+        *grow(100 * MiB, 300 * MiB),
+        {"wait_for": "memory.high", "copy": ["memory.high", str(tmp_path / "high")]},
+        {"write": {"memory.pressure": psi % (2_000_000, 2_000_000)}, "sleep": 10},
+    ]
+    rc, ev = supervise(tree, [plan], isolated=True, budget="256MiB", restart="never", stall_limit=1.0)
+    end = ev[1]
+    assert rc == 0 and end["reason"] == "pressure-stop", end
+    assert (
+        "stalled 1s on memory under memory.high 256 MiB with the working set 300 MiB above the budget"
+        in (end["message"])
+    )
+    assert end["message"].endswith("guard: the working set reached the budget 1 time(s), memory stall 2.0s")
+    assert (tmp_path / "high").read_text() == str(256 * MiB)  # memory.high as the worker saw it, before removal
+    assert (tmp_path / "marker").read_text() == "TERM 0\n"
+
+
+# -- the manager takes the event as the supervisor sends it -----------------------------------------
+
+
+def test_the_manager_stores_a_pressure_stop_apart_from_oom_kills(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    from oomguard.manager.app import create_app
+    from oomguard.manager.db import migrate
+    from oomguard.manager.models import EventEnvelope
+    from oomguard.manager.settings import Settings
+    from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, local_client
+
+    tree = cgroup_tree(tmp_path / "tree", 2, GiB)
+    rc, ev = supervise(tree, [[*grow(970 * MiB), {"sleep": 10}], []], shape={"per_job": 256 * MiB})
+    assert rc == 0 and [e["reason"] for e in ev if e["event"] == "exit"] == ["pressure-stop", "clean"]
+    for e in ev:  # every field the supervisor sends passes the manager's model, unchanged
+        assert EventEnvelope.model_validate({"node": "n1", "id": "x", "event": e}).event.model_dump() == e
+    db = f"sqlite:///{tmp_path / 'oomguard.db'}"
+    migrate(db)
+    app = create_app(Settings(db_url=db, agent_token="agent-secret-token", viewer_token=VIEWER))
+    with local_client(app) as c:
+        for e in ev:
+            r = c.post("/api/v1/events", json={"node": "n1", "id": uuid.uuid4().hex, "event": e}, headers=AGENT_H)
+            assert r.status_code == 200 and r.json()["stored"], r.text
+        events = c.get("/api/v1/nodes/n1", headers=VIEWER_H).json()["events"]
+        assert sorted(e["reason"] or "" for e in events) == ["", "", "clean", "pressure-stop", "pressure-stop"]
+        node = c.get("/api/v1/nodes", headers=VIEWER_H).json()["nodes"][0]
+        assert node["oom_kills_24h"] == 0  # a pressure stop is no OOM kill
+        bad = {**ev[1], "reason": "pressure-stopp"}
+        r = c.post("/api/v1/events", json={"node": "n1", "id": "bad-1", "event": bad}, headers=AGENT_H)
+        assert r.status_code == 422
+
+
+# -- real cgroups here (v1 on this machine kind) ---------------------------------------------------
+
+VERSION, PARENT = writable_parent()
+needs_cgroup = pytest.mark.skipif(VERSION is None, reason=f"real cgroups unavailable: {PARENT}")
+
+# Grows by 8 MiB every 50 ms (160 MiB/s) until it is stopped; SIGTERM is written to argv[1], then it
+# exits 0. With "shed" as argv[2] it frees all but 64 MiB on SIGUSR1, says so, and exits 0 a second
+# later; with a size as argv[3] it stops growing there and exits 0.
+GROWING = """
+import os, signal, sys, time
+marker, mode, upto = sys.argv[1], sys.argv[2], int(eval(sys.argv[3], {'env': os.environ}))
+chunks, shed = [], []
+def term(*a):
+    open(marker, 'a').write('TERM\\n'); sys.exit(0)
+def usr1(*a):
+    del chunks[8:]; shed.append(time.monotonic()); open(marker, 'a').write('USR1\\n')
+signal.signal(signal.SIGTERM, term)
+signal.signal(signal.SIGUSR1, usr1)
+while not shed and len(chunks) * (8 << 20) < upto:
+    c = bytearray(8 << 20); c[::4096] = b'x' * len(range(0, len(c), 4096)); chunks.append(c)
+    time.sleep(0.05)
+time.sleep(1.0 if shed else 0)
+"""
+
+
+@pytest.fixture
+def group() -> Iterator[Group]:
+    assert VERSION is not None
+    g = Group(VERSION, Path(PARENT))
+    g.set_limit(512 * MiB)
+    if VERSION == 1 and (g.dir / "memory.memsw.limit_in_bytes").exists():
+        g.write("memory.memsw.limit_in_bytes", str(512 * MiB))
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+def oom_kills(g: Group) -> int:
+    name = "memory.oom_control" if g.version == 1 else "memory.events"
+    line = next(x for x in (g.dir / name).read_text().splitlines() if x.startswith("oom_kill "))
+    return int(line.split()[1])
+
+
+def run_in(g: Group, tmp_path: Path, *args: str, upto: str = str(2 * GiB), mode: str = "grow") -> tuple[int, Any]:
+    ev = tmp_path / "ev.jsonl"
+    ev.unlink(missing_ok=True)  # this run's events only
+    worker = [PY, "-c", GROWING, str(tmp_path / "marker"), mode, upto]
+    proc = g.run(PY, "-m", "oomguard", "run", "--events", str(ev), *args, "--", *worker, env=ENV)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, [json.loads(line) for line in ev.read_text().splitlines()]
+
+
+@needs_cgroup
+def test_without_the_guard_the_kernel_kills_with_it_the_worker_is_stopped(group: Group, tmp_path: Path) -> None:
+    rc, ev = run_in(group, tmp_path, "--restart", "never")
+    assert rc == 137 and (ev[1]["reason"], ev[1]["oom_kills"]) == ("oom-kill", 1)
+    assert oom_kills(group) == 1 and not (tmp_path / "marker").exists()  # no SIGTERM: the kernel's SIGKILL
+    rc, ev = run_in(group, tmp_path, "--restart", "never", "--guard")
+    end = ev[1]
+    assert rc == 0 and (end["reason"], end["oom_kills"], end["exit_code"]) == ("pressure-stop", 0, 0), end
+    assert oom_kills(group) == 1  # not one more: the guard acted first
+    assert (tmp_path / "marker").read_text() == "TERM\n"  # the worker got its SIGTERM
+    assert end["guard_margin_bytes"] == 64 * MiB  # max(64 MiB, 2% of 512 MiB)
+    assert 448 * MiB <= end["working_set_peak_bytes"] < 512 * MiB
+
+
+@needs_cgroup
+def test_on_pressure_sigusr1_lets_the_worker_shed_load_and_live(group: Group, tmp_path: Path) -> None:
+    # 512 MiB: budget 256 MiB; the worker grows past it, gets SIGUSR1, frees all but 64 MiB, ends well.
+    rc, ev = run_in(group, tmp_path, "--restart", "never", "--guard", "--on-pressure", "SIGUSR1", mode="shed")
+    assert rc == 0 and ev[1]["reason"] == "clean", ev
+    assert (tmp_path / "marker").read_text() == "USR1\n"  # once: the working set fell below 95% after it
+    assert 256 * MiB <= ev[1]["working_set_peak_bytes"] < 448 * MiB
+    assert ev[1]["message"].endswith("guard: the working set reached the budget 1 time(s)")
+    assert oom_kills(group) == 0
+
+
+@needs_cgroup
+def test_a_pressure_stop_steps_concurrency_down_on_a_real_group(group: Group, tmp_path: Path) -> None:
+    # 3 jobs of 80 MiB planned in the 256 MiB budget; each really takes 150 MiB: 450 MiB is stopped, 300 fits.
+    upto = "int(env['OOMGUARD_CONCURRENCY']) * 150 * 2**20"
+    rc, ev = run_in(group, tmp_path, "--guard", "--per-job", "80MiB", "--max-jobs", "3", "--backoff-initial",
+                    "10ms", upto=upto)  # fmt: skip
+    assert rc == 0, ev
+    assert [e["concurrency"] for e in ev if e["event"] == "start"] == [3, 2]
+    assert [e["reason"] for e in ev if e["event"] == "exit"] == ["pressure-stop", "clean"]
+    assert next(e for e in ev if e["event"] == "restart")["message"] == "after a pressure stop: concurrency 3 -> 2"
+    assert oom_kills(group) == 0

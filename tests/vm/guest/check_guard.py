@@ -1,0 +1,95 @@
+"""``oomguard run --guard`` on cgroup v2 (supervisor/guard.py, docs/guard.md).
+
+- In a 384 MiB group, a worker that keeps growing is OOM-killed without ``--guard``; with it, it
+  is stopped (SIGTERM) at the stop line, 384 - 64 MiB, and the group's ``oom_kill`` stays 0.
+- With ``--isolate``, at the budget the guard sets ``memory.high`` of the worker's own group to
+  the budget: the worker reads it there, and the group's ``memory.events`` ``high`` counter
+  shows the kernel throttling it (cgroup-v2.rst, "memory.events": "high: The number of times
+  processes of the cgroup are throttled and routed to perform direct memory reclaim because the
+  high memory boundary was exceeded").
+- A worker that cannot shed load crawls under memory.high (its allocations sleep, counted as
+  memory stall in PSI) and is stopped once the group's full stall time grows by 10 s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.vm.guest.cg import PYTHON, Group, MiB, oomguard_env, read_events
+
+GroupFactory = Callable[..., Group]
+
+# Grows by 2 MiB every 50 ms until SIGTERM (written to argv[1], then exit 0). With argv[2] "high":
+# once its own group's memory.high is no longer "max", it touches 1 MiB more, prints memory.high and
+# the group's memory.events "high" count, and exits 0; with "crawl" it goes on growing under it.
+GROWER = """
+import signal, sys, time
+marker, mode = sys.argv[1], sys.argv[2]
+grp = '/sys/fs/cgroup' + open('/proc/self/cgroup').read().split('::')[1].strip()
+def term(*a):
+    open(marker, 'a').write('TERM\\n'); sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+def high():
+    try: return open(grp + '/memory.high').read().strip()
+    except OSError: return 'max'
+def touch(n):
+    c = bytearray(n); c[::4096] = b'x' * len(range(0, n, 4096)); return c
+chunks = []
+while mode != 'high' or high() == 'max':
+    chunks.append(touch(2 << 20))
+    time.sleep(0.05)
+chunks.append(touch(1 << 20))
+events = dict(line.split() for line in open(grp + '/memory.events').read().splitlines())
+print(high(), events['high'], flush=True)
+"""
+
+
+def _run(events: Path, tmp: Path, mode: str, *args: str, group: Group | None = None):  # type: ignore[no-untyped-def]
+    cmd = [PYTHON, "-m", "oomguard", "run", "--restart", "never", "--events", str(events), *args]
+    cmd += ["--", PYTHON, "-c", GROWER, str(tmp / "marker"), mode]
+    if group is not None:
+        proc = group.run(*cmd)
+    else:  # the supervisor in the root group, where this test process runs (--isolate from the root)
+        import subprocess
+
+        proc = subprocess.run(cmd, env=oomguard_env(), capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc, read_events(events)
+
+
+def test_guard_stops_before_the_kernel_on_v2(group: GroupFactory, events: Path, tmp_path: Path) -> None:
+    g = group(384 * MiB)
+    proc, evs = _run(events, tmp_path, "grow", group=g)
+    assert proc.returncode == 137 and evs[-1]["reason"] == "oom-kill", proc.stderr
+    assert g.keyed("memory.events")["oom_kill"] == 1
+    events.unlink()
+    proc, evs = _run(events, tmp_path, "grow", "--guard", group=g)
+    end = evs[-1]
+    assert (end["reason"], end["oom_kills"], end["limited_by"]) == ("pressure-stop", 0, "cgroup-v2"), proc.stderr
+    assert g.keyed("memory.events")["oom_kill"] == 1  # not one more
+    assert (tmp_path / "marker").read_text() == "TERM\n"
+    assert end["guard_margin_bytes"] == 64 * MiB
+    assert 320 * MiB <= end["working_set_peak_bytes"] < 384 * MiB
+
+
+def test_guard_sets_memory_high_on_the_isolated_group(events: Path, tmp_path: Path) -> None:
+    proc, evs = _run(events, tmp_path, "high", "--isolate", "--guard", "--budget", "128MiB")
+    assert proc.returncode == 0, proc.stderr
+    high, throttled = proc.stdout.split()
+    assert int(high) == 128 * MiB  # the budget, on the worker's own group
+    assert int(throttled) > 0  # the kernel throttled it there
+    assert "oomguard run: guard: memory.high of /sys/fs/cgroup/oomguard-run-" in proc.stderr
+    assert evs[-1]["reason"] == "clean" and "memory.high events +" in evs[-1]["message"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/pressure/memory"), reason="PSI is off in this kernel (psi=0)")
+def test_guard_stops_a_worker_stalled_under_memory_high(events: Path, tmp_path: Path) -> None:
+    proc, evs = _run(events, tmp_path, "crawl", "--isolate", "--guard", "--budget", "128MiB")
+    end = evs[-1]
+    assert end["reason"] == "pressure-stop", proc.stderr
+    assert "stalled 10s on memory under memory.high 128 MiB" in end["message"]
+    assert end["oom_kills"] == 0 and (tmp_path / "marker").read_text() == "TERM\n"
