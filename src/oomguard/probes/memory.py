@@ -20,6 +20,7 @@ from oomguard.probes.mounts import Mount, mount_for
 from oomguard.probes.parsers import parse_meminfo
 from oomguard.report import add_warning, warn_failure
 from oomguard.sources.root import Failure, Root
+from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -134,8 +135,8 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
         add_warning(
             warnings,
             "limit-above-host-memory",
-            f"the cgroup limit ({limit} bytes, {mem['cgroup']['limit_file']}) is not below "
-            f"MemTotal ({host} bytes); MemTotal binds",
+            f"the cgroup limit ({format_size(limit)}, {mem['cgroup']['limit_file']}) is not below "
+            f"MemTotal ({format_size(host)}); MemTotal binds",
         )
     if limit is not None and (host is None or limit < host):
         mem["effective_bytes"] = limit
@@ -152,7 +153,7 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
             add_warning(
                 warnings,
                 "usage-above-limit",
-                f"usage ({usage} bytes) is above the limit ({mem['effective_bytes']} bytes)",
+                f"usage ({format_size(usage)}) is above the limit ({format_size(mem['effective_bytes'])})",
             )
 
 
