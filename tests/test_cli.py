@@ -354,3 +354,12 @@ def test_probe_mlock_result_is_printed_and_a_failure_warns() -> None:
     report = json.loads(ok.stdout)
     assert report["memlock"]["probe"]["ok"] is True and report["memlock"]["probe"]["bytes"] == 512 * 1024
     assert "pin-probe-failed" not in [w["code"] for w in report["warnings"]]
+
+
+def test_verify_of_a_plan_that_fits_no_job_says_so_and_exits_3(tmp_path: Path) -> None:
+    """Issue #14: "fits 0 jobs" instead of "DELIVERED: 0 B of 0 B" (nothing is allocated)."""
+    proc = run_oomguard("verify", "--root", str(make_tree(tmp_path)), "--per-job", "1GiB", "--hold", "0.1")
+    assert proc.returncode == 3, proc
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("oomguard: error: verify: the plan fits 0 jobs (0 jobs, memory binds: ")
+    assert proc.stderr.endswith("): nothing to verify\n") and "DELIVERED" not in proc.stderr

@@ -6,7 +6,12 @@ import argparse
 import sys
 
 from oomguard.commands import flags
-from oomguard.errors import EXIT_OK, EXIT_VERIFY_FAILED, UsageError
+from oomguard.errors import EXIT_OK, EXIT_THRESHOLD, EXIT_VERIFY_FAILED, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard._types import Report
+    from oomguard.policy.plan import Shape
 
 SUMMARY = (
     "Prove the machine delivers the plan: allocate and touch baseline + jobs x per-job memory "
@@ -20,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = SUMMARY
     parser.epilog = (
         f"Exit {EXIT_OK} when the memory was delivered, {EXIT_VERIFY_FAILED} when not "
-        "(an OOM kill or a failed allocation).\n" + flags.SIZES
+        f"(an OOM kill or a failed allocation), {EXIT_THRESHOLD} when the plan fits no job (nothing is allocated).\n"
+        + flags.SIZES
     )
     flags.add_json(parser)
     flags.option(parser, "--fraction", "verify only this part of the target, 0 < F <= 1 (default 1)", "F")
@@ -28,6 +34,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_shape(parser)
     flags.add_budget(parser)
     flags.add_gpu(parser)
+
+
+def _refuse_an_empty_plan(report: Report, shape: Shape) -> None:
+    """A plan that fits 0 jobs has nothing to verify: say so (exit 3) instead of "delivered 0 B"."""
+    from oomguard.errors import ThresholdError
+    from oomguard.policy.plan import make_plan
+
+    plan = make_plan(report, shape)
+    if plan["concurrency"] == 0:
+        raise ThresholdError(f"verify: the plan fits 0 jobs ({plan['explanation']}): nothing to verify")
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -39,6 +55,8 @@ def execute(args: argparse.Namespace) -> int:
     hold = flags.parse_number(args.hold, "--hold") if args.hold else 3.0
     shape = flags.shape_from(args, required=False)
     report = flags.probe_from(args)
+    if shape is not None:
+        _refuse_an_empty_plan(report, shape)
     result = verify(report, shape, fraction=fraction, hold=hold)
     if args.json:
         from oomguard.commands.render import to_json
