@@ -31,7 +31,10 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
         "usage or input error: bad flag, size or variable (one line naming it); missing or corrupt snapshot; "
         "agent: a --spool directory that cannot be created, read or written",
     ),
-    (EXIT_THRESHOLD, "a threshold was not met (--require, --require-jobs; run: the plan fits no job)"),
+    (
+        EXIT_THRESHOLD,
+        "a threshold was not met (--require, --require-jobs; run: a budget that cannot work; verify: the plan fits no job)",
+    ),
     (EXIT_VERIFY_FAILED, "verification failed (verify: an OOM kill or a failed allocation)"),
     (
         EXIT_REJECTED,
