@@ -33,7 +33,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     ),
     (
         EXIT_THRESHOLD,
-        "a threshold was not met (--require, --require-jobs; run: a budget that cannot work; verify: the plan fits no job)",
+        "a threshold was not met (--require, --require-jobs; run: a budget that cannot work; "
+        "verify: the plan fits no job)",
     ),
     (EXIT_VERIFY_FAILED, "verification failed (verify: an OOM kill or a failed allocation)"),
     (
