@@ -45,7 +45,7 @@ def test_memlock_low_below_64_mib_only(tmp_path: Path, soft: int, warned: bool) 
     warnings = memlock_warnings(tmp_path, soft)
     if warned:
         assert [w["code"] for w in warnings] == ["memlock-low"]
-        assert f"RLIMIT_MEMLOCK soft limit is {soft} bytes" in warnings[0]["message"]
+        assert "RLIMIT_MEMLOCK soft limit is 64 MiB (67108863 bytes) and" in warnings[0]["message"]
         assert "CAP_IPC_LOCK is not held" in warnings[0]["message"]
     else:
         assert warnings == []

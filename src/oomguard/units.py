@@ -93,6 +93,17 @@ def format_size(n: int | None) -> str:
     return f"{sign}{n} B"
 
 
+def format_size_precise(n: int | None) -> str:
+    """``format_size``, with the byte count added where the rounding hides it.
+
+    For messages that compare a size with a threshold: 64 MiB - 1 must not read as "64 MiB".
+    """
+    shown = format_size(n)
+    if n is None or n < 0 or parse_size(shown, "size") == n:
+        return shown
+    return f"{shown} ({n} bytes)"
+
+
 def format_size_exact(n: int) -> str:
     """The largest binary unit that divides *n* exactly, no space: ``332GiB``, ``1280MiB``, ``12345B``.
 

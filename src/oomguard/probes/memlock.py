@@ -11,7 +11,7 @@ from __future__ import annotations
 from oomguard.probes.parsers import CAP_IPC_LOCK, has_capability, parse_proc_limits, status_kb
 from oomguard.report import MEMLOCK_LOW_BYTES, add_warning
 from oomguard.sources.root import Failure, Root
-from oomguard.units import format_size
+from oomguard.units import format_size_precise
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def probe_memlock(root: Root, status: dict[str, str], warnings: list[WarningEntr
         add_warning(
             warnings,
             "memlock-low",
-            f"RLIMIT_MEMLOCK soft limit is {format_size(values[0])} and CAP_IPC_LOCK is not held: "
+            f"RLIMIT_MEMLOCK soft limit is {format_size_precise(values[0])} and CAP_IPC_LOCK is not held: "
             "pinned (page-locked) buffers above it will fail",
         )
     return section

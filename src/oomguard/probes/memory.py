@@ -20,7 +20,7 @@ from oomguard.probes.mounts import Mount, mount_for
 from oomguard.probes.parsers import parse_meminfo
 from oomguard.report import add_warning, warn_failure
 from oomguard.sources.root import Failure, Root
-from oomguard.units import format_size
+from oomguard.units import format_size_precise
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -135,8 +135,8 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
         add_warning(
             warnings,
             "limit-above-host-memory",
-            f"the cgroup limit ({format_size(limit)}, {mem['cgroup']['limit_file']}) is not below "
-            f"MemTotal ({format_size(host)}); MemTotal binds",
+            f"the cgroup limit ({format_size_precise(limit)}, {mem['cgroup']['limit_file']}) is not below "
+            f"MemTotal ({format_size_precise(host)}); MemTotal binds",
         )
     if limit is not None and (host is None or limit < host):
         mem["effective_bytes"] = limit
@@ -153,7 +153,8 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
             add_warning(
                 warnings,
                 "usage-above-limit",
-                f"usage ({format_size(usage)}) is above the limit ({format_size(mem['effective_bytes'])})",
+                f"usage ({format_size_precise(usage)}) is above the limit "
+                f"({format_size_precise(mem['effective_bytes'])})",
             )
 
 
