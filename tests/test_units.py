@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard.errors import UsageError
-from oomguard.units import GiB, KiB, MiB, TiB, format_size, parse_size, parse_size_or_percent
+from oomguard.units import GiB, KiB, MiB, TiB, format_size, format_size_precise, parse_size, parse_size_or_percent
 
 
 @pytest.mark.parametrize(
@@ -89,3 +89,18 @@ def test_format_then_parse_is_close(n: int) -> None:
     # Printed sizes round to two decimals: parsing the text back lands within 1%.
     back = parse_size(format_size(n).replace(" ", ""))
     assert abs(back - n) <= max(1, n) * 0.01
+
+
+@pytest.mark.parametrize(
+    ("n", "shown"),
+    [
+        (64 * MiB - 1, "64 MiB (67108863 bytes)"),
+        (64 * MiB, "64 MiB"),
+        (1536 * MiB, "1.5 GiB"),
+        (24_000_000_000, "22.35 GiB (24000000000 bytes)"),
+        (0, "0 B"),
+        (None, "-"),
+    ],
+)
+def test_format_size_precise_shows_bytes_only_where_rounding_hides_them(n: int | None, shown: str) -> None:
+    assert format_size_precise(n) == shown
