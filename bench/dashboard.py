@@ -40,6 +40,7 @@ def populate(url: str, n_nodes: int) -> float:
     engine = make_engine(url)
     report = fixture_report()
     latest = json.dumps(report)
+    gpus = json.dumps([{"index": g, "name": "H100", "memory_total_bytes": 80 << 30} for g in range(8)])
     now = int(time.time() * 1000)
     times = [now - i * 30_000 for i in range(120)] + [now - HOUR - i * HOUR for i in range(719)]
     t0 = time.perf_counter()
@@ -60,8 +61,8 @@ def populate(url: str, n_nodes: int) -> float:
                     "runtime": "docker",
                     "memlock_soft_bytes": 8 << 20,
                     "warnings": "[]",
-                    "gpus": json.dumps([{"index": 0, "name": "H100", "memory_total_bytes": 80 << 30}]),
-                    "concurrency": 18,
+                    "gpus": gpus,
+                    "concurrency": 0 if i % 97 == 0 else 18,
                 }
                 for i in range(n_nodes)
             ],
@@ -113,7 +114,7 @@ def server_ms(client: TestClient, path: str) -> float:
 def measure(url: str, n_nodes: int, runs: int, label: str) -> None:
     seconds = populate(url, n_nodes)
     store = Store(make_engine(url))
-    with TestClient(create_app(Settings(db_url=url), store)) as client:
+    with TestClient(create_app(Settings(db_url=url), store), base_url="http://localhost") as client:
         for path in ("/", "/nodes/node-00042"):
             server_ms(client, path)  # warm
         first = [server_ms(client, "/") for _ in range(runs)]

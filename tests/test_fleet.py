@@ -12,10 +12,13 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+from sqlalchemy import select
 
 from oomguard.manager.app import create_app
-from oomguard.manager.db import migrate
+from oomguard.manager.db import make_engine, migrate, reports
 from oomguard.manager.settings import Settings
+from oomguard.manager.store import columns as _columns  # noqa: F401  (reports.agent_ms)
+from oomguard.manager.times import parse_iso_ms
 from tests.conftest import REPO
 from tests.manager_helpers import AGENT, VIEWER_H, ManagerProcess, free_port
 
@@ -74,7 +77,10 @@ def test_agent_spools_while_the_manager_is_down_then_replays_once(tmp_path: Path
         detail = node(server.url, "edge-1")
         assert len(detail["history"]) == 3  # two replayed, in order, and the new one; no duplicate
         times = [h["time"] for h in detail["history"]]
-        assert times == sorted(times) and len(set(times)) == 3  # spooled reports keep their own time
+        assert times == sorted(times)  # stamped when received
+        with make_engine(db).connect() as conn:  # and each keeps the time it was made, as the agent said
+            made = list(conn.execute(select(reports.c.agent_ms).order_by(reports.c.id)).scalars())
+        assert len(set(made)) == 3 and made == sorted(made) and made[0] < parse_iso_ms(times[0])  # type: ignore[operator]
         assert detail["latest"]["memory"]["effective_bytes"] > 0
     finally:
         server.stop()
@@ -134,7 +140,10 @@ def test_manager_refuses_a_public_address_without_tokens(tmp_path: Path) -> None
 
 _DB = Path(os.environ.get("TMPDIR", "/tmp")) / f"oomguard-schemathesis-{os.getpid()}.db"
 migrate(f"sqlite:///{_DB}")
-schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(Settings(db_url=f"sqlite:///{_DB}")))
+_APP = create_app(
+    Settings(db_url=f"sqlite:///{_DB}", allowed_hosts=("testserver", "localhost"))
+)  # the test client's Host
+schema = schemathesis.openapi.from_asgi("/openapi.json", _APP)
 
 
 @schema.parametrize()

@@ -21,7 +21,6 @@ from oomguard.errors import UsageError
 from oomguard.manager.app import create_app
 from oomguard.manager.db import current_revision, make_engine, migrate, reports
 from oomguard.manager.settings import Settings
-from oomguard.manager.store import Store
 from tests.conftest import REPO
 from tests.manager_helpers import (
     AGENT_H,
@@ -160,41 +159,8 @@ def test_alerts_and_metrics(client: TestClient) -> None:
     assert [e["reason"] for e in events] == ["oom-kill", "oom-kill"]
 
 
-def test_retention_thins_history_but_keeps_oom_events(db_url: str) -> None:
-    migrate(db_url)
-    engine = make_engine(db_url)
-    store = Store(engine, retention_s=30 * 86400)
-    with local_client(create_app(Settings(db_url=db_url), store)) as c:
-        now = time.time()
-        hour0 = now // 3600 * 3600  # the start of this clock hour: buckets are clock hours
-
-        def at(t: float) -> str:
-            return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(t))
-
-        # Three clock hours, two to four hours back, with four reports each (all older than an hour),
-        # and three reports of the last 30 minutes. Nothing sits near a boundary.
-        old_times = [hour0 - h * 3600 + m * 60 for h in (2, 3, 4) for m in (5, 20, 35, 50)]
-        recent_times = [now - m * 60 for m in (5, 15, 25)]
-        for t in old_times + recent_times:
-            assert c.post("/api/v1/reports", json=envelope("n", fixture_report(), time=at(t))).json()["stored"]
-        old = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now - 20 * 86400))
-        c.post(
-            "/api/v1/events",
-            json={"node": "n", "id": "oom-old", "event": {"event": "exit", "reason": "oom-kill", "time": old}},
-        )
-        c.post(
-            "/api/v1/events",
-            json={"node": "n", "id": "exit-old", "event": {"event": "exit", "reason": "exit", "time": old}},
-        )
-    result = store.thin()
-    history = local_client(create_app(Settings(db_url=db_url), store)).get("/api/v1/nodes/n").json()["history"]
-    # The last hour stays whole; each older clock hour keeps one report (its first stored).
-    assert [h["time"][:19] for h in history[-3:]] == [at(t)[:19] for t in sorted(recent_times)]
-    assert len(history) == 3 + 3 and result["thinned_reports"] == 12 - 3
-    short = Store(engine, retention_s=10 * 86400)  # a shorter retention drops old events, never OOM kills
-    assert short.thin()["expired_events"] == 1
-    events = local_client(create_app(Settings(db_url=db_url), short)).get("/api/v1/nodes/n").json()["events"]
-    assert [e["reason"] for e in events] == ["oom-kill"]
+# Retention by receive time (thinning per clock hour, OOM kills kept for ever) is tested with a
+# controlled clock in tests/test_retention.py; agent-stamped times no longer decide it.
 
 
 @pytest.mark.parametrize(

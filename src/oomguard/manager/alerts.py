@@ -1,7 +1,8 @@
 """The alert policy: when a node is offline, and which of its numbers deserve a page.
 
-A node is offline after three missed report intervals (its own, or the manager's default).
-Alerts, per node:
+A node is offline after three missed report intervals (its own, or the manager's default),
+counted from the time the manager received its latest report, never the agent's own clock: an
+agent whose clock is slow is not "offline" right after reporting. Alerts, per node:
 
 - ``offline`` (warning): no report for three intervals;
 - ``budget-from-host`` (critical): the budget is above the effective limit and in the host's

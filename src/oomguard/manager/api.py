@@ -79,14 +79,39 @@ async def get_nodes(
     return await db_read(request, store.list_nodes, status=status, q=q, limit=limit, offset=offset, sort=sort)
 
 
+NodeName = Annotated[str, Path(pattern=NODE_PATTERN, max_length=128)]
+
+
 @reads.get("/api/v1/nodes/{name}")
 async def get_node(
-    request: Request, store: StoreDep, name: Annotated[str, Path(pattern=NODE_PATTERN, max_length=128)]
+    request: Request,
+    store: StoreDep,
+    name: NodeName,
+    points: Annotated[int, Query(ge=2, le=2000)] = 500,
 ) -> dict[str, Any]:
-    detail = await db_read(request, store.node_detail, name)
+    """The node, its events and its history downsampled to at most *points* entries (the chart)."""
+    detail = await db_read(request, store.node_detail, name, history_points=points)
     if detail is None:
         raise HTTPException(404, f"no node named {name!r}")
     return detail
+
+
+@reads.get("/api/v1/nodes/{name}/history")
+async def get_node_history(
+    request: Request,
+    store: StoreDep,
+    name: NodeName,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    before: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
+) -> dict[str, Any]:
+    """Every stored report, newest first, a page at a time: pass ``next`` as ``before``."""
+    try:
+        page = await db_read(request, store.node_history, name, limit=limit, before=before)
+    except ValueError:
+        raise HTTPException(422, "before: not a cursor from a previous page's next") from None
+    if page is None:
+        raise HTTPException(404, f"no node named {name!r}")
+    return page
 
 
 @reads.get("/api/v1/alerts")

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oomguard._version import __version__
 from oomguard.manager import api, views
@@ -102,6 +103,8 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         app.add_exception_handler(exc_class, database_unavailable)
     app.add_exception_handler(RequestValidationError, validation_failed)
     app.add_exception_handler(views.LoginRequired, views.login_redirect)
+    app.add_exception_handler(StarletteHTTPException, views.http_error)  # HTML for browsers, JSON for API clients
+    app.add_exception_handler(Exception, views.server_error)
     app.add_middleware(BodyLimit, max_body=settings.max_body, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AllowedHosts, hosts=settings.hosts())
     app.add_middleware(Headers)

@@ -1,12 +1,25 @@
 """The node page's memory chart as server-rendered SVG: no script, nothing fetched from elsewhere.
 
-Only numbers and fixed labels go into the markup, and every label is escaped anyway.
+What a chart library would add, drawn here in a few lines each:
+
+- a time range (``RANGES``: 1 h, 24 h, 7 d, 30 d), the x axis spanning exactly that range up to now;
+- round y ticks: steps of a power of two in bytes (128 GiB, 256 GiB, ...), at most ``MAX_TICKS``;
+- gaps left as gaps: a step between two reports more than ``GAP_FACTOR`` times both its
+  neighbouring steps (a missed report, a stopped agent) ends the line; retention's thinning
+  (every report of the last hour, then one an hour) is regular, so it is not taken for a gap;
+- hover values: each report has a transparent column whose ``<title>`` (the browser's tooltip)
+  lists its time and the four values;
+- OOM markers: a red line at each OOM kill (the exit event that carries ``reason: oom-kill``,
+  counted once), with its time on hover.
+
+Only numbers and fixed labels go into the markup, and every label is escaped anyway. Times are UTC.
 """
 
 from __future__ import annotations
 
 import html
-from datetime import datetime
+import itertools
+import time
 from typing import Any
 
 from oomguard.times import parse_iso
@@ -18,53 +31,139 @@ SERIES = (  # key, label, css class
     ("usage_bytes", "usage", "s-usage"),
     ("working_set_bytes", "working set", "s-ws"),
 )
+RANGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 W, H, LEFT, RIGHT, TOP, BOTTOM = 760, 260, 70, 10, 10, 30
+MAX_TICKS = 6
+GAP_FACTOR = 3
+Point = tuple[float, dict[str, Any]]
 
 
-def _series(css: str, label: str, pts: list[tuple[float, float]]) -> list[str]:
-    """One series as a polyline; with few points, a dot on each, so a single report still shows."""
-    if not pts:
-        return []
-    coords = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
-    out = [f'<polyline class="{css}" points="{coords}"><title>{html.escape(label)}</title></polyline>']
-    if len(pts) <= 60:
-        out.extend(f'<circle class="{css}" cx="{px:.1f}" cy="{py:.1f}" r="3"/>' for px, py in pts)
+def y_step(top: float) -> int:
+    """The smallest power of two (bytes) that covers *top* in at most ``MAX_TICKS`` steps."""
+    step = 1
+    while step * MAX_TICKS < top:
+        step *= 2
+    return step
+
+
+def segments(points: list[Point]) -> list[list[Point]]:
+    """The points cut where a step is more than ``GAP_FACTOR`` times both neighbouring steps."""
+    steps = [b[0] - a[0] for a, b in itertools.pairwise(points)]
+    out: list[list[Point]] = [points[:1]] if points else []
+    for i, step in enumerate(steps):
+        near = [s for s in (steps[i - 1] if i else None, steps[i + 1] if i + 1 < len(steps) else None) if s]
+        if near and step > GAP_FACTOR * max(near):
+            out.append([])
+        out[-1].append(points[i + 1])
     return out
 
 
-def memory_chart(history: list[dict[str, Any]]) -> str:
-    """An <svg> of the four series over time; a short note when there is nothing to draw."""
-    timed = [(parse_iso(h.get("time")), h) for h in history]
-    points = [(t, h) for t, h in timed if t is not None]
+def oom_times(events: list[dict[str, Any]]) -> list[float]:
+    """When each OOM kill happened: the exit events with ``reason: oom-kill`` (receive time)."""
+    out = []
+    for e in events:
+        if e.get("event") == "exit" and e.get("reason") == "oom-kill":
+            t = parse_iso(e.get("received")) or parse_iso(e.get("time"))
+            if t is not None:
+                out.append(t)
+    return out
+
+
+def _bytes(v: Any) -> str:
+    return format_size(v) if isinstance(v, int) and not isinstance(v, bool) else "unknown"
+
+
+def _utc(t: float, fmt: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
+    return time.strftime(fmt, time.gmtime(t))
+
+
+class _Frame:
+    """The chart's coordinates: time from *t0* to *t1* across, bytes from 0 to *top* up."""
+
+    def __init__(self, t0: float, t1: float, top: float) -> None:
+        self.t0, self.span, self.top = t0, max(t1 - t0, 1.0), max(top, 1.0)
+        self.pw, self.ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+
+    def x(self, t: float) -> float:
+        return LEFT + (t - self.t0) / self.span * self.pw
+
+    def y(self, v: float) -> float:
+        return TOP + self.ph - v / self.top * self.ph
+
+
+def _axes(f: _Frame, step: int) -> list[str]:
+    parts = []
+    for i in range(int(f.top // step) + 1):
+        v, yv = i * step, f.y(i * step)
+        parts.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{yv:.1f}" y2="{yv:.1f}"/>')
+        parts.append(f'<text class="axis" x="{LEFT - 6}" y="{yv + 4:.1f}" text-anchor="end">{format_size(v)}</text>')
+    fmt = "%H:%M" if f.span <= 86400 else "%m-%d %H:%M"
+    for i in range(5):
+        t = f.t0 + f.span * i / 4
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        label = html.escape(_utc(t, fmt) + (" UTC" if i == 4 else ""))
+        parts.append(f'<text class="axis" x="{f.x(t):.1f}" y="{H - 8}" text-anchor="{anchor}">{label}</text>')
+    return parts
+
+
+def _lines(f: _Frame, points: list[Point]) -> list[str]:
+    """Each series as polylines, one per segment; a dot on each point when there are few."""
+    parts = []
+    for key, label, css in SERIES:
+        for seg in segments([(t, h) for t, h in points if isinstance(h.get(key), int)]):
+            coords = " ".join(f"{f.x(t):.1f},{f.y(h[key]):.1f}" for t, h in seg)
+            parts.append(f'<polyline class="{css}" points="{coords}"><title>{html.escape(label)}</title></polyline>')
+            if len(points) <= 60:
+                parts.extend(f'<circle class="{css}" cx="{f.x(t):.1f}" cy="{f.y(h[key]):.1f}" r="3"/>' for t, h in seg)
+    return parts
+
+
+def _hover(f: _Frame, points: list[Point]) -> list[str]:
+    """A transparent column per report, from halfway to the previous one to halfway to the next."""
+    xs = [f.x(t) for t, _ in points]
+    parts = ['<g class="hover">']
+    for i, (t, h) in enumerate(points):
+        left = (xs[i - 1] + xs[i]) / 2 if i else max(xs[i] - 4, LEFT)
+        right = (xs[i] + xs[i + 1]) / 2 if i + 1 < len(xs) else min(xs[i] + 4, W - RIGHT)
+        values = "\n".join(
+            f"{label}: {format_size(h[k]) if isinstance(h.get(k), int) else '-'}" for k, label, _ in SERIES
+        )
+        tip = html.escape(f"{_utc(t)}\n{values}")
+        parts.append(
+            f'<rect x="{left:.1f}" y="{TOP}" width="{max(right - left, 1):.1f}" height="{f.ph}">'
+            f"<title>{tip}</title></rect>"
+        )
+    return [*parts, "</g>"]
+
+
+def _ooms(f: _Frame, times: list[float]) -> list[str]:
+    parts = []
+    for t in times:
+        if f.t0 <= t <= f.t0 + f.span:
+            x, tip = f.x(t), html.escape(f"OOM kill at {_utc(t)}")
+            parts.append(
+                f'<g class="oom"><line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{H - BOTTOM}"/>'
+                f'<path d="M{x - 5:.1f},{TOP} h10 l-5,8 z"/><title>{tip}</title></g>'
+            )
+    return parts
+
+
+def memory_chart(
+    history: list[dict[str, Any]], events: list[dict[str, Any]] | None = None, span_s: float = 0, now: float = 0
+) -> str:
+    """An <svg> of the four series; over the last *span_s* seconds up to *now* when given, else
+    over the history's own span. A short note when there is nothing to draw."""
+    timed = sorted(((parse_iso(h.get("time")), h) for h in history), key=lambda p: p[0] or 0)
+    points: list[Point] = [(t, h) for t, h in timed if t is not None and (not span_s or t >= now - span_s)]
     values = [h[k] for _, h in points for k, _, _ in SERIES if isinstance(h.get(k), int)]
     if not points or not values:
-        return '<p class="muted">No history yet.</p>'
-    t0, t1 = points[0][0], points[-1][0]
-    span = max(t1 - t0, 1.0)
-    top = max(values) * 1.05 or 1
-    pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
-
-    def x(t: float) -> float:
-        return LEFT + (t - t0) / span * pw
-
-    def y(v: float) -> float:
-        return TOP + ph - v / top * ph
-
+        return '<p class="muted">No reports in this range.</p>'
+    t0, t1 = (now - span_s, now) if span_s else (points[0][0], points[-1][0])
+    step = y_step(max(values))
+    f = _Frame(t0, t1, -(-max(values) // step) * step)
     parts = [f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-label="memory over time">']
-    for i in range(5):  # gridlines and y labels
-        v = top * i / 4
-        parts.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
-        parts.append(
-            f'<text class="axis" x="{LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">'
-            f"{html.escape(format_size(int(v)))}</text>"
-        )
-    for t, anchor in ((t0, "start"), (t1, "end")) if t1 - t0 >= 600 else ((t0, "start"),):
-        label = datetime.fromtimestamp(t).strftime("%m-%d %H:%M")
-        parts.append(
-            f'<text class="axis" x="{x(t):.1f}" y="{H - 8}" text-anchor="{anchor}">{html.escape(label)}</text>'
-        )
-    for key, label, css in SERIES:
-        parts.extend(_series(css, label, [(x(t), y(h[key])) for t, h in points if isinstance(h.get(key), int)]))
+    parts += _axes(f, step) + _lines(f, points) + _ooms(f, oom_times(events or [])) + _hover(f, points)
     parts.append("</svg>")
     legend = "".join(f'<span class="legend {css}">{html.escape(label)}</span>' for _, label, css in SERIES)
+    legend += '<span class="legend s-oom">OOM kill</span>'
     return "".join(parts) + f'<div class="legends">{legend}</div>'

@@ -1,8 +1,22 @@
 """Retention: what history the manager keeps, and the thread that enforces it.
 
-- reports younger than an hour are kept whole; older ones, the first of each node and clock hour;
+- reports younger than an hour (by receive time) are kept whole; older ones, the first of each
+  node and clock hour;
 - reports and events older than the retention (``--retention``, 30 days) go, except OOM kills,
   which are kept for ever (they are the history oomguard exists to show).
+
+A pass runs off the ingest path: on its own connection, never on the writer thread, in small
+transactions (``nodes_per_batch`` nodes, at most ``rows_per_batch`` rows per statement), each
+followed by a pause as long as the batch took (at least ``pause_s``), so ingest always gets at
+least half the time; on SQLite that is the one write lock, which each batch holds briefly.
+A pass looks only at the history that crossed the one-hour line since the previous pass (rows
+are stamped with the receive time, so none arrive below it): the line is kept in the database
+(table ``retention_state``), so a restarted or another replica does not scan it all again.
+
+On PostgreSQL each pass holds a session advisory lock (``pg_try_advisory_lock``, released at the
+end of the pass or when its connection drops): of several replicas one runs a pass at a time,
+and a replica that finds the lock taken skips its turn. See
+https://www.postgresql.org/docs/current/explicit-locking.html#ADVISORY-LOCKS
 
 The pass runs every ``thin_every_s`` on a daemon thread. A failed pass is logged with its full
 traceback (logger ``oomguard.manager.retention``; stderr when logging is not configured) and the
@@ -13,38 +27,135 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, and_, delete, func, or_, select
+from sqlalchemy import BigInteger, Column, Connection, Engine, String, Table, and_, delete, func, or_, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from oomguard.manager.db import events, reports
+from oomguard.manager.db import events, metadata, nodes, reports
+from oomguard.manager.times import now_ms
 
 HOUR_MS = 3_600_000
 FULL_RESOLUTION_MS = HOUR_MS  # history younger than this is kept whole; older, one report per node and hour
+LOCK_KEY = 7220452  # PostgreSQL advisory lock of the pass (the migrations' is 7220451)
+KINDS = ("expired_reports", "thinned_reports", "expired_events")
 
 log = logging.getLogger(__name__)
 
+# Revision 0004: ``thinned_below``, the one-hour line of the last pass that completed.
+state = Table(
+    "retention_state",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("value_ms", BigInteger, nullable=False),
+)
 
-def thin_job(now: int, retention_ms: int) -> Callable[[Connection], dict[str, int]]:
-    """The retention pass as one write (for the store's writer): it returns the rows it removed."""
-    cut_old, cut_full = now - retention_ms, now - FULL_RESOLUTION_MS
 
-    def write(conn: Connection) -> dict[str, int]:
-        gone = conn.execute(delete(reports).where(reports.c.received_ms < cut_old)).rowcount
-        keep = (
-            select(func.min(reports.c.id))
-            .where(reports.c.received_ms < cut_full)
-            .group_by(reports.c.node_id, reports.c.received_ms // HOUR_MS)
-        )
-        thinned = conn.execute(
-            delete(reports).where(and_(reports.c.received_ms < cut_full, reports.c.id.not_in(keep)))
-        ).rowcount
-        not_oom = or_(events.c.reason.is_(None), events.c.reason != "oom-kill")
-        ev = conn.execute(delete(events).where(and_(events.c.received_ms < cut_old, not_oom))).rowcount
-        return {"expired_reports": gone, "thinned_reports": thinned, "expired_events": ev}
+class _Cuts(NamedTuple):
+    old: int  # received before this: expired
+    full: int  # received before this (and from ``lo``): thinned to one per node and hour
+    lo: int  # the start of the clock hour that holds the previous pass's ``full``
 
-    return write
+
+def _batch(conn: Connection, ids: list[int], cuts: _Cuts, rows: int) -> dict[str, int]:
+    """One transaction's deletes for the nodes *ids*: each at most *rows* rows."""
+    cut_old, cut_full, lo = cuts
+    mine = reports.c.node_id.in_(ids)
+    old = select(reports.c.id).where(mine, reports.c.received_ms < cut_old).limit(rows)
+    window = and_(mine, reports.c.received_ms >= lo, reports.c.received_ms < cut_full)
+    keep = select(func.min(reports.c.id)).where(window).group_by(reports.c.node_id, reports.c.received_ms // HOUR_MS)
+    extra = select(reports.c.id).where(window, reports.c.id.not_in(keep)).limit(rows)
+    not_oom = or_(events.c.reason.is_(None), events.c.reason != "oom-kill")
+    old_events = select(events.c.id).where(events.c.node_id.in_(ids), events.c.received_ms < cut_old, not_oom)
+    return {
+        "expired_reports": conn.execute(delete(reports).where(reports.c.id.in_(old))).rowcount,
+        "thinned_reports": conn.execute(delete(reports).where(reports.c.id.in_(extra))).rowcount,
+        "expired_events": conn.execute(delete(events).where(events.c.id.in_(old_events.limit(rows)))).rowcount,
+    }
+
+
+class Retention:
+    """The retention pass (``run``), one at a time per process and, on PostgreSQL, per database."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        retention_ms: int,
+        *,
+        nodes_per_batch: int = 25,
+        rows_per_batch: int = 1000,
+        pause_s: float = 0.005,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.engine = engine
+        self.retention_ms = retention_ms
+        self.nodes_per_batch = nodes_per_batch
+        self.rows_per_batch = rows_per_batch
+        self.pause_s = pause_s
+        self.sleep = sleep
+        self.postgres = engine.dialect.name == "postgresql"
+        self._insert = pg_insert if self.postgres else sqlite_insert
+        self._mutex = threading.Lock()
+
+    def run(self, now: int | None = None) -> dict[str, int]:
+        """One pass: the rows it removed by kind, its ``batches``, and ``skipped`` (1: another replica's turn)."""
+        now = now_ms() if now is None else now
+        cut_old, cut_full = now - self.retention_ms, now - FULL_RESOLUTION_MS
+        started = time.monotonic()
+        with self._mutex, self.engine.connect() as conn:
+            if not self._lock(conn):
+                log.info("retention pass skipped: another replica holds the lock")
+                return {**dict.fromkeys(KINDS, 0), "batches": 0, "skipped": 1}
+            try:
+                below = conn.execute(select(state.c.value_ms).where(state.c.name == "thinned_below")).scalar()
+                conn.rollback()
+                lo = 0 if below is None else min(int(below), cut_full) // HOUR_MS * HOUR_MS
+                totals = self._batches(conn, _Cuts(cut_old, cut_full, lo))
+                self._mark(conn, max(cut_full, int(below or 0)))
+            finally:
+                self._unlock(conn)
+        log.info("retention pass: %s in %.2f s", totals, time.monotonic() - started)
+        return {**totals, "skipped": 0}
+
+    def _mark(self, conn: Connection, thinned_below: int) -> None:
+        """Remember where this pass's thinning ended, for the next pass (of any replica)."""
+        upsert = self._insert(state).values(name="thinned_below", value_ms=thinned_below)
+        with conn.begin():
+            conn.execute(upsert.on_conflict_do_update(index_elements=["name"], set_={"value_ms": thinned_below}))
+
+    def _lock(self, conn: Connection) -> bool:
+        if not self.postgres:
+            return True
+        got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY}).scalar())
+        conn.commit()  # a session lock: it outlives this transaction
+        return got
+
+    def _unlock(self, conn: Connection) -> None:
+        if self.postgres and not conn.invalidated:
+            conn.rollback()
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+            conn.commit()
+
+    def _batches(self, conn: Connection, cuts: _Cuts) -> dict[str, int]:
+        ids = list(conn.execute(select(nodes.c.id).order_by(nodes.c.id)).scalars())
+        conn.rollback()
+        totals = {**dict.fromkeys(KINDS, 0), "batches": 0}
+        for i in range(0, len(ids), self.nodes_per_batch):
+            chunk = ids[i : i + self.nodes_per_batch]
+            more = True
+            while more:  # the chunk again while a statement hit its row limit
+                t0 = time.monotonic()
+                with conn.begin():
+                    counts = _batch(conn, chunk, cuts, self.rows_per_batch)
+                for kind, n in counts.items():
+                    totals[kind] += n
+                totals["batches"] += 1
+                more = max(counts.values()) >= self.rows_per_batch
+                self.sleep(max(self.pause_s, time.monotonic() - t0))  # ingest gets at least as long
+        return totals
 
 
 class RetentionThread:
@@ -77,4 +188,4 @@ class RetentionThread:
             self.run_once()
 
 
-__all__ = ["FULL_RESOLUTION_MS", "RetentionThread", "thin_job"]
+__all__ = ["FULL_RESOLUTION_MS", "LOCK_KEY", "Retention", "RetentionThread"]

@@ -15,23 +15,24 @@ import os
 import re
 import time
 import urllib.parse
+from collections import Counter
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Cookie, Depends, Header, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi import APIRouter, Cookie, Depends, Header, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from oomguard.manager.chart import memory_chart
+from oomguard.manager.chart import RANGES, memory_chart
 from oomguard.manager.deps import SettingsDep, StoreDep, checked, client_of, db_read, token_ok, viewer_ok
+from oomguard.manager.formatting import FILTERS, group_alerts
 from oomguard.manager.models import NODE_PATTERN
 from oomguard.manager.reportschema import conform_report
 from oomguard.manager.sessions import COOKIE, FailureLimiter, Sessions
 from oomguard.manager.store import SORT_KEYS
-from oomguard.manager.times import parse_iso_ms
-from oomguard.units import format_size
 
 PAGE_SIZE = 50
+RAW_REPORTS = 3000  # the most stored reports a chart of up to a day draws (a day at 30 s is 2,880)
 HERE = os.path.dirname(__file__)
 STATIC_DIR = os.path.join(HERE, "static")
 COLUMNS = (  # sort key, heading
@@ -43,6 +44,7 @@ COLUMNS = (  # sort key, heading
     ("memlock_soft_bytes", "Memlock"),
     (None, "GPUs"),
     (None, "Jobs"),
+    (None, "Issues"),
     ("oom_kills_24h", "OOM 24h"),
     ("last_seen", "Last seen"),
 )
@@ -71,24 +73,6 @@ def require_viewer_page(
         raise LoginRequired(request.url.path + ("?" + request.url.query if request.url.query else ""))
 
 
-def _ago(iso: str | None) -> str:
-    ms = parse_iso_ms(iso)
-    if ms is None:
-        return "never"
-    s = time.time() - ms / 1000
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{int(s // size)}{unit} ago"
-    return f"{max(int(s), 0)}s ago"
-
-
-def _size(n: Any) -> str:
-    """A size in binary units; "-" for anything that is not a byte count (never raises)."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 2**63:
-        return "-"
-    return format_size(n)
-
-
 def _env() -> Environment:
     env = Environment(
         loader=FileSystemLoader(os.path.join(HERE, "templates")),
@@ -96,8 +80,7 @@ def _env() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["size"] = _size
-    env.filters["ago"] = _ago
+    env.filters.update(FILTERS)
     return env
 
 
@@ -123,8 +106,16 @@ def _render(request: Request, template_name: str, http_status: int = 200, **cont
 
 @pages.get("/", response_class=HTMLResponse)
 async def index(
-    *, request: Request, store: StoreDep, q: str = "", status: str = "", sort: str = "name", offset: str = "0"
+    *,
+    request: Request,
+    store: StoreDep,
+    q: str = "",
+    status: str = "",
+    sort: str = "name",
+    offset: str = "0",
+    show: Annotated[str, Query(alias="alerts", max_length=64)] = "",
 ) -> Response:
+    """The fleet: cards, alerts grouped by kind (*show*: the kind listed in full), a page of nodes."""
     q = q.replace("\x00", "")[:128]  # PostgreSQL text cannot hold NUL
     status = status if status in ("online", "offline") else ""
     sort = sort if sort.lstrip("-") in SORT_KEYS else "name"
@@ -139,7 +130,8 @@ async def index(
         request,
         "index.html",
         listing=listing,
-        alerts=alerts[:50],
+        alert_groups=group_alerts(alerts, show),
+        alerts_by_node=Counter(a.get("node") for a in alerts),
         alert_count=len(alerts),
         summary=summary,
         page_size=PAGE_SIZE,
@@ -150,13 +142,55 @@ async def index(
 
 
 @pages.get("/nodes/{name}", response_class=HTMLResponse)
-async def node_page(request: Request, store: StoreDep, name: str) -> Response:
+async def node_page(request: Request, store: StoreDep, name: str, range: str = "30d") -> Response:
+    """One node; ``?range=`` (1h, 24h, 7d, 30d) sets the chart's span. Ranges up to a day draw the
+    stored reports themselves (the newest ``RAW_REPORTS``), longer ones the store's downsampled series."""
     valid = re.fullmatch(NODE_PATTERN.strip("^$"), name) is not None and len(name) <= 128
     detail = await db_read(request, store.node_detail, name) if valid else None
     if detail is None:
         return _render(request, "missing.html", http_status=404, name=name[:128])
-    chart = Markup(memory_chart(detail["history"]))  # built from numbers; its labels are escaped
-    return _render(request, "node.html", node=detail, chart=chart, report=conform_report(detail["latest"]))
+    chosen = range if range in RANGES else "30d"
+    history = detail["history"]
+    if RANGES[chosen] <= 86400:
+        page = await db_read(request, store.node_history, name, limit=RAW_REPORTS)
+        history = list(reversed(page["history"])) if page else history
+    chart = Markup(memory_chart(history, detail["events"], RANGES[chosen], time.time()))  # numbers; labels escaped
+    report = conform_report(detail["latest"])
+    return _render(request, "node.html", node=detail, chart=chart, report=report, range=chosen, ranges=RANGES)
+
+
+ERROR_WORDS = {
+    404: ("Not found", "There is no page at this address."),
+    405: ("Method not allowed", "This address does not take that method."),
+    500: ("Server error", "The manager failed to answer this request; the error is in its log."),
+}
+
+
+def wants_html(request: Request) -> bool:
+    """A browser (its Accept names text/html) gets an HTML page; API clients get JSON."""
+    return "text/html" in request.headers.get("accept", "")
+
+
+def error_response(
+    request: Request, status: int, detail: Any = None, headers: dict[str, str] | None = None
+) -> Response:
+    """An error as an HTML page for browsers, as ``{"detail": ...}`` for everything else."""
+    title, message = ERROR_WORDS.get(status, (f"Error {status}", str(detail or "")))
+    if not wants_html(request):
+        return JSONResponse({"detail": detail if detail is not None else title}, status_code=status, headers=headers)
+    body = TEMPLATES.get_template("error.html").render(title=title, message=message, fragment=False)
+    return HTMLResponse(body, status_code=status, headers=headers)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """The app's handler of HTTP errors (404 for an unknown address, 405, ...)."""
+    status = getattr(exc, "status_code", 500)
+    return error_response(request, status, getattr(exc, "detail", None), getattr(exc, "headers", None))
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    """The app's handler of a bug: a 500 page or JSON, never a traceback (uvicorn logs it)."""
+    return error_response(request, 500, "internal server error")
 
 
 def _login_page(target: str, error: str | None = None, http_status: int = 200, retry_after: int = 0) -> Response:

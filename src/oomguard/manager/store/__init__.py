@@ -3,48 +3,66 @@ bound parameters only.
 
 - ``writer``: reports and events in, on one writer thread with group commit (``commit``): each
   write returns only after the commit that holds it, and writes that arrive together share one;
-- ``queries``: the node list, a node's detail and history, the dashboard's cards, metric rows;
+  every row is stamped with the manager's receive time, the agent's time kept beside it;
+- ``queries``: the node list, a node's detail, the dashboard's cards, metric rows; ``history``:
+  a node's history, downsampled for charts or a page at a time;
 - the policies beside it: ``oomguard.manager.alerts`` (offline, alerts) and
-  ``oomguard.manager.retention`` (what history is kept).
+  ``oomguard.manager.retention`` (what history is kept: its own connection, small batches, one
+  replica at a time on PostgreSQL).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine
 
-from oomguard.manager import alerts, retention
+from oomguard.manager import alerts
 from oomguard.manager.models import EventEnvelope, ReportEnvelope
+from oomguard.manager.retention import Retention
 from oomguard.manager.store import queries
+from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
+from oomguard.manager.store.history import parse_cursor
 from oomguard.manager.store.queries import SORT_KEYS
 from oomguard.manager.store.writer import Writer
 from oomguard.manager.times import now_ms
 
+HISTORY_POINTS = 500  # the most entries a node's detail carries in ``history`` (a chart's worth)
+
 
 class Store:
-    """Reads open their own connection; writes go through the one writer thread."""
+    """Reads open their own connection; writes go through the one writer thread; retention has its own."""
 
-    def __init__(self, engine: Engine, *, default_interval_s: float = 30.0, retention_s: float = 30 * 86400) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        default_interval_s: float = 30.0,
+        retention_s: float = 30 * 86400,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
         self.engine = engine
         self.default_interval_ms = int(default_interval_s * 1000)
         self.retention_ms = int(retention_s * 1000)
-        self._writer = Writer(engine, self.retention_ms)
+        self.clock = clock
+        self._writer = Writer(engine, clock)
+        self.retention = Retention(engine, self.retention_ms)
 
     # -- writes --------------------------------------------------------------------------------
     async def ingest_report_async(self, env: ReportEnvelope, report_json: str, sent_ms: int | None = None) -> bool:
-        """Store a report; False when its id was stored before (nothing changes then)."""
+        """Store a report (received now; *sent_ms*: the agent's own time, kept as reported); False when
+        its id was stored before (nothing changes then)."""
         return await self._writer.report(env, report_json, sent_ms)
 
     async def ingest_event_async(self, env: EventEnvelope, body_json: str) -> bool:
-        """Store an event; False when its id was stored before."""
+        """Store an event (received now); False when its id was stored before."""
         return await self._writer.event(env, body_json)
 
     def thin(self, now: int | None = None) -> dict[str, int]:
-        """One retention pass (see ``oomguard.manager.retention``); the rows it removed, by kind."""
-        job = retention.thin_job(now_ms() if now is None else now, self.retention_ms)
-        result: dict[str, int] = self._writer.submit(job)
-        return result
+        """One retention pass (see ``oomguard.manager.retention``): the rows it removed, by kind,
+        its ``batches``, and ``skipped`` (1 when another replica's pass holds the lock)."""
+        return self.retention.run(self.clock() if now is None else now)
 
     # -- reads ---------------------------------------------------------------------------------
     def list_nodes(
@@ -52,24 +70,49 @@ class Store:
     ) -> dict[str, Any]:
         with self.engine.connect() as conn:
             return queries.list_nodes(
-                conn, now_ms(), self.default_interval_ms, status=status, q=q, limit=limit, offset=offset, sort=sort
+                conn, self.clock(), self.default_interval_ms, status=status, q=q, limit=limit, offset=offset, sort=sort
             )
 
-    def node_detail(self, name: str, *, events_limit: int = 500) -> dict[str, Any] | None:
+    def node_detail(
+        self,
+        name: str,
+        *,
+        events_limit: int = 500,
+        history_points: int = HISTORY_POINTS,
+        history_since_ms: int | None = None,
+    ) -> dict[str, Any] | None:
+        """The node's summary, latest report, events, and ``history``: at most *history_points*
+        entries (downsampled past that; ``history_count`` says how many reports it covers), of the
+        reports received from *history_since_ms* (epoch ms) on, or of all when None."""
         with self.engine.connect() as conn:
-            return queries.node_detail(conn, now_ms(), self.default_interval_ms, name, events_limit)
+            return queries.node_detail(
+                conn,
+                self.clock(),
+                self.default_interval_ms,
+                name,
+                events_limit=events_limit,
+                history_points=max(2, history_points),
+                history_since_ms=history_since_ms,
+            )
+
+    def node_history(self, name: str, *, limit: int = 500, before: str | None = None) -> dict[str, Any] | None:
+        """A page of the node's stored reports, newest first: ``{node, history, next}``; pass ``next``
+        as *before* for the following page (ValueError for a malformed one); None for no such node."""
+        cursor = parse_cursor(before)
+        with self.engine.connect() as conn:
+            return queries.node_history(conn, name, max(1, limit), cursor)
 
     def alerts(self, limit: int | None = None) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
-            return alerts.fleet_alerts(conn, now_ms(), self.default_interval_ms, limit)
+            return alerts.fleet_alerts(conn, self.clock(), self.default_interval_ms, limit)
 
     def summary(self) -> dict[str, int]:
         with self.engine.connect() as conn:
-            return queries.summary(conn, now_ms(), self.default_interval_ms)
+            return queries.summary(conn, self.clock(), self.default_interval_ms)
 
     def metric_rows(self) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
-            return queries.metric_rows(conn, now_ms(), self.default_interval_ms)
+            return queries.metric_rows(conn, self.clock(), self.default_interval_ms)
 
 
-__all__ = ["SORT_KEYS", "Store"]
+__all__ = ["HISTORY_CURSOR_PATTERN", "HISTORY_POINTS", "SORT_KEYS", "Store"]

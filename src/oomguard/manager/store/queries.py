@@ -1,7 +1,9 @@
 """The read side: the node list, one node's detail and history, the dashboard's cards, metric rows.
 
 Plain functions of a connection and the time ``now`` (epoch ms); the node status (online or
-offline) is the alert policy's rule (``oomguard.manager.alerts.node_status``).
+offline) is the alert policy's rule (``oomguard.manager.alerts.node_status``), on the receive
+time of the node's latest report. Every answer is bounded: a node's history comes downsampled
+or a page at a time (``oomguard.manager.store.history``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, select
 
 from oomguard.manager.alerts import node_status
-from oomguard.manager.db import events, nodes, reports
+from oomguard.manager.db import events, nodes
+from oomguard.manager.store import columns as _columns  # noqa: F401  (nodes.clock_skew_ms)
+from oomguard.manager.store import history
 from oomguard.manager.times import iso_ms
 
 DAY_MS = 24 * 3_600_000
@@ -27,7 +31,7 @@ SORT_KEYS = (
     "oom_kills_24h",
     "runtime",
 )
-HISTORY_COLUMNS = ("effective_bytes", "budget_bytes", "usage_bytes", "working_set_bytes")
+HISTORY_COLUMNS = history.COLUMNS
 
 
 def _ooms_today(now: int) -> Any:
@@ -95,15 +99,8 @@ def _summary(r: Any) -> dict[str, Any]:
         "oom_kills_24h": int(r["oom_kills_24h"] or 0),
         "warnings": json.loads(r["warnings"]) if r["warnings"] else [],
         "concurrency": r["concurrency"],
+        "clock_skew_s": None if r["clock_skew_ms"] is None else r["clock_skew_ms"] / 1000,
     }
-
-
-def _history(conn: Connection, node_id: int) -> list[dict[str, Any]]:
-    columns = [reports.c[name] for name in HISTORY_COLUMNS]
-    rows = conn.execute(
-        select(reports.c.received_ms, *columns).where(reports.c.node_id == node_id).order_by(reports.c.received_ms)
-    ).all()
-    return [{"time": iso_ms(h[0]), **dict(zip(HISTORY_COLUMNS, h[1:], strict=True))} for h in rows]
 
 
 def _events(conn: Connection, node_id: int, limit: int) -> list[dict[str, Any]]:
@@ -116,10 +113,9 @@ def _events(conn: Connection, node_id: int, limit: int) -> list[dict[str, Any]]:
     return [{**json.loads(body), "received": iso_ms(t)} for t, body in rows]
 
 
-def node_detail(conn: Connection, now: int, interval_ms: int, name: str, events_limit: int) -> dict[str, Any] | None:
-    """One node: its summary, latest whole report, history (oldest first) and events (newest first)."""
+def _node_row(conn: Connection, now: int, interval_ms: int, name: str) -> Any:
     oom_24h = select(func.count(events.c.id)).where(and_(events.c.node_id == nodes.c.id, _ooms_today(now)))
-    row = (
+    return (
         conn.execute(
             select(
                 nodes, node_status(now, interval_ms).label("status"), oom_24h.scalar_subquery().label("oom_kills_24h")
@@ -128,13 +124,37 @@ def node_detail(conn: Connection, now: int, interval_ms: int, name: str, events_
         .mappings()
         .first()
     )
+
+
+def node_detail(
+    conn: Connection,
+    now: int,
+    interval_ms: int,
+    name: str,
+    *,
+    events_limit: int,
+    history_points: int,
+    history_since_ms: int | None = None,
+) -> dict[str, Any] | None:
+    """One node: its summary, latest whole report, history (oldest first, at most *history_points*
+    entries, downsampled when there are more reports; from *history_since_ms* on when given) and
+    events (newest first)."""
+    row = _node_row(conn, now, interval_ms, name)
     if row is None:
         return None
     out = _summary(row)
     out["latest"] = json.loads(row["latest_report"]) if row["latest_report"] else None
-    out["history"] = _history(conn, row["id"])
+    out["history"], out["history_count"] = history.series(conn, row["id"], history_points, history_since_ms)
     out["events"] = _events(conn, row["id"], events_limit)
     return out
+
+
+def node_history(conn: Connection, name: str, limit: int, before: tuple[int, int] | None) -> dict[str, Any] | None:
+    """A page of one node's stored reports, newest first (``history.page``); None for no such node."""
+    node_id = conn.execute(select(nodes.c.id).where(nodes.c.name == name)).scalar()
+    if node_id is None:
+        return None
+    return {"node": name, **history.page(conn, int(node_id), limit, before)}
 
 
 def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:

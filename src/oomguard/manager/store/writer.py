@@ -1,8 +1,15 @@
 """The ingest side: reports and events into the database, through the group committer.
 
+Times: ``received_ms`` is the manager's own clock when the request arrived; offline status,
+ordering and retention use it. The agent's time is kept as reported (a report's ``agent_ms``, an
+event's ``time``), and a report's agent time minus its receive time is its node's clock skew.
+
 A report is one history row plus the node's latest values; the reports of a batch are written
-with a handful of statements (one duplicate check, one insert, one update). An event is one row.
-Each write is idempotent by its ingest id: a retry stores nothing and answers ``False``.
+with a handful of statements (node ids, one insert, one update). Each write is idempotent by its
+ingest id, between replicas on one PostgreSQL too: the insert is ``ON CONFLICT (ingest_id) DO
+NOTHING ... RETURNING``, so when two replicas store the same id at once, one stores it and the
+other answers ``False`` (PostgreSQL's unique index waits for the first to commit or roll back).
+Rows are written in one order (node names, ingest ids, node ids) so replicas never deadlock.
 """
 
 from __future__ import annotations
@@ -11,22 +18,22 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, insert, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from oomguard.manager.db import events, nodes, reports
 from oomguard.manager.models import EventEnvelope, ReportEnvelope
+from oomguard.manager.store import columns as _columns  # noqa: F401  (reports.agent_ms, nodes.clock_skew_ms)
 from oomguard.manager.store.commit import GroupCommitter
-from oomguard.manager.times import now_ms, parse_iso_ms
+from oomguard.manager.times import now_ms
 
-FUTURE_SLACK_MS = 300_000  # a report may claim a time this far ahead of ours (clock skew)
-
-_LATEST = (  # the node's latest values, unless a newer report got there first
+_LATEST = (  # the node's latest values, unless a report received later got there first
     update(nodes)
     .where(and_(nodes.c.id == bindparam("b_id"), nodes.c.last_seen_ms <= bindparam("b_t")))
     .values(
         last_seen_ms=bindparam("b_t"),
+        clock_skew_ms=bindparam("b_skew"),
         latest_report=bindparam("b_report"),
         effective_bytes=bindparam("b_effective"),
         host_total_bytes=bindparam("b_host"),
@@ -53,21 +60,33 @@ class _ReportItem:
         self.row = row
         self.latest = latest
 
+    @property
+    def order(self) -> tuple[int, int]:
+        """Newest first by receive time, then by the agent's time."""
+        agent = self.row["agent_ms"]
+        return self.t, -(2**63) if agent is None else agent
 
-def _report_item(env: ReportEnvelope, report_json: str, t: int) -> _ReportItem:
+
+def _gpus(env: ReportEnvelope) -> str:
+    return json.dumps(
+        [
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_total_bytes": g.memory_total_bytes,
+                "memory_free_bytes": g.memory_free_bytes,
+            }
+            for g in env.report.gpus
+        ]
+    )
+
+
+def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | None) -> _ReportItem:
     r = env.report
-    gpus = [
-        {
-            "index": g.index,
-            "name": g.name,
-            "memory_total_bytes": g.memory_total_bytes,
-            "memory_free_bytes": g.memory_free_bytes,
-        }
-        for g in r.gpus
-    ]
     row = {
         "ingest_id": env.id,
         "received_ms": t,
+        "agent_ms": agent_ms,
         "effective_bytes": r.memory.effective_bytes,
         "budget_bytes": r.budget.bytes,
         "usage_bytes": r.memory.usage_bytes,
@@ -75,6 +94,7 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int) -> _ReportItem:
     }
     latest = {
         "b_t": t,
+        "b_skew": None if agent_ms is None else agent_ms - t,
         "b_report": report_json,
         "b_effective": r.memory.effective_bytes,
         "b_host": r.memory.host_total_bytes,
@@ -84,54 +104,33 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int) -> _ReportItem:
         "b_memlock": r.memlock.soft_bytes,
         "b_interval": int(env.interval_s * 1000) if env.interval_s else None,
         "b_warnings": json.dumps([w.code for w in r.warnings]),
-        "b_gpus": json.dumps(gpus),
+        "b_gpus": _gpus(env),
         "b_concurrency": r.plan.concurrency if r.plan is not None else None,
     }
     return _ReportItem(env.node, t, row, latest)
 
 
-def _fresh(conn: Connection, items: list[_ReportItem]) -> tuple[list[_ReportItem], list[bool]]:
-    """The items whose ingest id is new (first of a batch wins), and True/False for each item."""
-    ids = [it.row["ingest_id"] for it in items]
-    seen = set(conn.execute(select(reports.c.ingest_id).where(reports.c.ingest_id.in_(ids))).scalars())
-    fresh, stored = [], []
-    for it in items:
-        new = it.row["ingest_id"] not in seen
-        stored.append(new)
-        if new:
-            seen.add(it.row["ingest_id"])
-            fresh.append(it)
-    return fresh, stored
-
-
 class Writer:
-    """Every write of the manager, on one group-commit thread."""
+    """Every write of the manager, on one group-commit thread; *clock* gives the receive time."""
 
-    def __init__(self, engine: Engine, retention_ms: int) -> None:
+    def __init__(self, engine: Engine, clock: Callable[[], int] = now_ms) -> None:
         self.sqlite = engine.dialect.name == "sqlite"
         self._insert = sqlite_insert if self.sqlite else pg_insert
-        self.retention_ms = retention_ms
+        self.clock = clock
         self._node_ids: dict[str, int] = {}  # written only by the writer thread
         self.committer = GroupCommitter(engine, on_rollback=self._node_ids.clear, bulk=self._write_reports)
+        self._insert_reports = (
+            self._insert(reports).on_conflict_do_nothing(index_elements=["ingest_id"]).returning(reports.c.ingest_id)
+        )
 
-    def submit(self, fn: Callable[[Connection], Any]) -> Any:
-        """Any other write (retention): *fn(connection)* in the next commit, its result once committed."""
-        return self.committer.submit(fn)
-
-    async def report(self, env: ReportEnvelope, report_json: str, sent_ms: int | None = None) -> bool:
-        """Store a report; False when its id was stored before (nothing changes then)."""
-        item = _report_item(env, report_json, self._when(sent_ms, now_ms()))
+    async def report(self, env: ReportEnvelope, report_json: str, agent_ms: int | None = None) -> bool:
+        """Store a report received now, with the agent's own time; False when its id was stored before."""
+        item = _report_item(env, report_json, self.clock(), agent_ms)
         return bool(await self.committer.submit_async(item))
 
     async def event(self, env: EventEnvelope, body_json: str) -> bool:
-        """Store an event; False when its id was stored before."""
-        return bool(await self.committer.submit_async(self._event_writer(env, body_json)))
-
-    def _when(self, sent_ms: int | None, now: int) -> int:
-        """The report's own time when plausible (spooled reports keep theirs), else now."""
-        if sent_ms is not None and now - self.retention_ms <= sent_ms <= now + FUTURE_SLACK_MS:
-            return sent_ms
-        return now
+        """Store an event received now; False when its id was stored before."""
+        return bool(await self.committer.submit_async(self._event_writer(env, body_json, self.clock())))
 
     def _node_id(self, conn: Connection, name: str, t: int) -> int:
         """The node's id, creating the node if needed (cached: nodes are never deleted)."""
@@ -149,26 +148,29 @@ class Writer:
 
     def _write_reports(self, conn: Connection, items: list[_ReportItem]) -> list[bool]:
         """A batch of reports in a handful of statements; True for each stored, False for a duplicate."""
-        fresh, stored = _fresh(conn, items)
-        if fresh:
-            newest: dict[int, dict[str, Any]] = {}
-            rows = []
-            for it in fresh:
-                node_id = self._node_id(conn, it.node, it.t)
-                rows.append({**it.row, "node_id": node_id})
-                if node_id not in newest or newest[node_id]["b_t"] <= it.t:
-                    newest[node_id] = {**it.latest, "b_id": node_id}
-            conn.execute(insert(reports), rows)
-            conn.execute(_LATEST, list(newest.values()))
-        return stored
+        first: dict[str, _ReportItem] = {}
+        for it in items:
+            first.setdefault(it.row["ingest_id"], it)  # the first of a batch wins
+        fresh = sorted(first.values(), key=lambda it: it.row["ingest_id"])
+        t0 = min((it.t for it in fresh), default=0)
+        ids = {name: self._node_id(conn, name, t0) for name in sorted({it.node for it in fresh})}
+        rows = [{**it.row, "node_id": ids[it.node]} for it in fresh]
+        stored = set(conn.execute(self._insert_reports, rows).scalars()) if rows else set()
+        newest: dict[int, _ReportItem] = {}
+        for it in fresh:
+            node_id = ids[it.node]
+            if it.row["ingest_id"] in stored and (node_id not in newest or newest[node_id].order <= it.order):
+                newest[node_id] = it
+        if newest:
+            conn.execute(_LATEST, [{**newest[n].latest, "b_id": n} for n in sorted(newest)])
+        return [first[it.row["ingest_id"]] is it and it.row["ingest_id"] in stored for it in items]
 
-    def _event_writer(self, env: EventEnvelope, body_json: str) -> Callable[[Connection], bool]:
+    def _event_writer(self, env: EventEnvelope, body_json: str, t: int) -> Callable[[Connection], bool]:
         e = env.event
-        t = self._when(parse_iso_ms(e.time), now_ms())
         values = {
             "ingest_id": env.id,
             "received_ms": t,
-            "time": e.time,
+            "time": e.time,  # the agent's time, as reported
             "kind": e.event,
             "reason": e.reason,
             "exit_code": e.exit_code,

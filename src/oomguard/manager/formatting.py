@@ -1,0 +1,113 @@
+"""The dashboard's words for numbers: the Jinja filters, and the grouping of alerts.
+
+One formatter per kind of value, used by every template:
+
+- ``when``: a time as "5 m ago" (relative to the page's render), with the absolute UTC time on
+  hover (``<time title=...>``); the page refreshes its live part, so the words stay current;
+- ``size``: bytes in binary units; ``yesno``: a boolean in words ("yes", "no", "unknown");
+- ``gpus``: a node's GPUs summarised ("8× H100 80 GiB"), not one name per GPU;
+- ``timed``: free text (an alert's message) with every ISO time in it shown by ``when``.
+
+Every filter escapes what it is given (Jinja2's ``escape``) and returns ``Markup`` only for markup
+it built itself; anything unexpected becomes "-" (never raises).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from typing import Any
+
+from markupsafe import Markup, escape
+
+from oomguard.manager.times import parse_iso_ms
+from oomguard.units import format_size
+
+ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)")
+ALERTS_SHOWN = 5  # alerts listed per kind before "show all"
+
+
+def ago_text(ms: int, now_s: float | None = None) -> str:
+    """ "12 s ago", "5 m ago", "3 h ago", "2 d ago"; "in 4 s" for a time ahead of this clock."""
+    s = (time.time() if now_s is None else now_s) - ms / 1000
+    ahead, s = s < 0, abs(s)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"in {int(s // size)} {unit}" if ahead else f"{int(s // size)} {unit} ago"
+    return f"in {int(s)} s" if ahead else f"{int(s)} s ago"
+
+
+def when(iso: Any, never: str = "never") -> Markup:
+    """``<time>`` with relative words and the absolute UTC time as its title (the hover)."""
+    ms = parse_iso_ms(iso)
+    if ms is None:
+        return Markup(escape(never))
+    absolute = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms // 1000))
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(iso, absolute, ago_text(ms))
+
+
+def timed(text: Any) -> Markup:
+    """Free text, escaped, with each ISO time in it shown as ``when`` shows it."""
+    if not isinstance(text, str):
+        return Markup("-")
+    out, last = [], 0
+    for m in ISO_TIME.finditer(text):
+        out += [escape(text[last : m.start()]), when(m.group(0), never=m.group(0))]
+        last = m.end()
+    out.append(escape(text[last:]))
+    return Markup("").join(out)
+
+
+def size(n: Any, none: str = "-") -> str:
+    """A size in binary units; *none* for None and "-" for anything that is not a byte count."""
+    if n is None:
+        return none
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 2**63:
+        return "-"
+    return format_size(n)
+
+
+def yesno(value: Any) -> str:
+    return "yes" if value is True else "no" if value is False else "unknown"
+
+
+def number(value: Any) -> str:
+    """64.0 -> "64", 12.5 -> "12.5"; "unknown" for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or math.isinf(value):
+        return "unknown"
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def gpus(items: Any) -> str:
+    """ "8× H100 80 GiB", "2× A10 24 GiB, 1× T4 16 GiB"; "-" for none. Same name and size count together."""
+    if not isinstance(items, list) or not items:
+        return "-"
+    groups: Counter[str] = Counter()
+    for g in items:
+        if isinstance(g, dict):
+            name = str(g.get("name") or "GPU").removeprefix("NVIDIA ")
+            groups[f"{name} {size(g.get('memory_total_bytes'), '?')}"] += 1
+    return ", ".join(f"{n}× {label}" for label, n in groups.items()) or "-"
+
+
+def group_alerts(alerts: list[dict[str, Any]], show_all: str = "") -> list[dict[str, Any]]:
+    """Alerts by kind (critical kinds first, then the larger groups): ``{kind, severity, count,
+    alerts}``, each listing ``ALERTS_SHOWN`` unless its kind is *show_all*."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for a in alerts:
+        by_kind.setdefault(str(a.get("kind")), []).append(a)
+    groups = [
+        {
+            "kind": kind,
+            "severity": "critical" if any(a.get("severity") == "critical" for a in items) else "warning",
+            "count": len(items),
+            "alerts": items if kind == show_all else items[:ALERTS_SHOWN],
+        }
+        for kind, items in by_kind.items()
+    ]
+    return sorted(groups, key=lambda g: (g["severity"] != "critical", -g["count"], g["kind"]))
+
+
+FILTERS = {"size": size, "ago": when, "when": when, "timed": timed, "yesno": yesno, "number": number, "gpus": gpus}
