@@ -131,10 +131,10 @@ def test_alerts_and_metrics(client: TestClient) -> None:
     post(client, envelope("pinned", pinned))
     post(client, envelope("fine", fixture_report()))
     exit_event = {"event": "exit", "reason": "oom-kill", "signal": 9, "pid": 42, "budget_bytes": GiB}
-    for _ in range(2):
-        assert post(client, {"node": "fine", "id": uuid.uuid4().hex, "event": exit_event}, "/api/v1/events").json()[
-            "stored"
-        ]
+    # Each OOM kill is followed by a restart event carrying the same reason (issue #14: counted twice).
+    restart_event = {"event": "restart", "reason": "oom-kill", "delay_s": 1.0, "budget_bytes": GiB}
+    for event in (exit_event, restart_event, exit_event, restart_event):
+        assert post(client, {"node": "fine", "id": uuid.uuid4().hex, "event": event}, "/api/v1/events").json()["stored"]
     alerts = {(a["node"], a["kind"]) for a in client.get("/api/v1/alerts", headers=VIEWER_H).json()["alerts"]}
     assert alerts == {
         ("outage", "budget-from-host"),
@@ -156,7 +156,10 @@ def test_alerts_and_metrics(client: TestClient) -> None:
     ):
         assert line in metrics, line
     events = client.get("/api/v1/nodes/fine", headers=VIEWER_H).json()["events"]
-    assert [e["reason"] for e in events] == ["oom-kill", "oom-kill"]
+    assert [e["reason"] for e in events] == ["oom-kill"] * 4
+    assert [
+        a["message"] for a in client.get("/api/v1/alerts", headers=VIEWER_H).json()["alerts"] if a["node"] == "fine"
+    ] == ["2 OOM kill(s) in the last hour"]
 
 
 # Retention by receive time (thinning per clock hour, OOM kills kept for ever) is tested with a

@@ -36,7 +36,8 @@ def node_status(now: int, default_interval_ms: int) -> Any:
 
 
 def _recent_ooms(now: int) -> Any:
-    return and_(events.c.reason == "oom-kill", events.c.received_ms > now - HOUR_MS)
+    # Exit events only: a restart or give-up after an OOM kill repeats its reason (one kill, one count).
+    return and_(events.c.kind == "exit", events.c.reason == "oom-kill", events.c.received_ms > now - HOUR_MS)
 
 
 def _candidates(now: int, default_interval_ms: int) -> Any:

@@ -35,7 +35,8 @@ HISTORY_COLUMNS = history.COLUMNS
 
 
 def _ooms_today(now: int) -> Any:
-    return and_(events.c.reason == "oom-kill", events.c.received_ms > now - DAY_MS)
+    # One OOM kill is one exit event: the restart or give-up event after it carries the same reason.
+    return and_(events.c.kind == "exit", events.c.reason == "oom-kill", events.c.received_ms > now - DAY_MS)
 
 
 def _filters(status: Any, state: str | None, q: str | None) -> list[Any]:
@@ -173,7 +174,7 @@ def metric_rows(conn: Connection, now: int, interval_ms: int) -> list[dict[str, 
     """Each node's numbers for /metrics, by name; OOM kills counted over all the history kept."""
     total_ooms = (
         select(func.count(events.c.id))
-        .where(and_(events.c.node_id == nodes.c.id, events.c.reason == "oom-kill"))
+        .where(and_(events.c.node_id == nodes.c.id, events.c.kind == "exit", events.c.reason == "oom-kill"))
         .scalar_subquery()
     )
     query = select(
