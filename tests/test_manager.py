@@ -490,3 +490,14 @@ def test_a_failed_retention_pass_prints_its_traceback_without_logging_set_up() -
     assert proc.returncode == 0, proc.stderr
     assert "retention pass failed" in proc.stderr and "Traceback (most recent call last)" in proc.stderr
     assert "in thin\nZeroDivisionError: a bug in the pass" in proc.stderr  # the whole traceback, not str(exc)
+
+
+def test_the_jobs_column_is_what_the_supervisor_runs(client: TestClient) -> None:
+    """Issue #12: a start event's concurrency (after an OOM step-down) is the node's jobs; a report
+    without a plan does not reset it."""
+    post(client, envelope("prover", fixture_report()))
+    start = {"event": "start", "pid": 7, "budget_bytes": GiB, "concurrency": 10}
+    assert post(client, {"node": "prover", "id": uuid.uuid4().hex, "event": start}, "/api/v1/events").json()["stored"]
+    post(client, envelope("prover", fixture_report()))  # no plan in it
+    nodes = {n["name"]: n for n in client.get("/api/v1/nodes", headers=VIEWER_H).json()["nodes"]}
+    assert nodes["prover"]["concurrency"] == 10

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -44,7 +44,8 @@ _LATEST = (  # the node's latest values, unless a report received later got ther
         interval_ms=bindparam("b_interval"),
         warnings=bindparam("b_warnings"),
         gpus=bindparam("b_gpus"),
-        concurrency=bindparam("b_concurrency"),
+        # A report without a plan leaves the jobs column to the supervisor's start events.
+        concurrency=func.coalesce(bindparam("b_concurrency"), nodes.c.concurrency),
     )
 )
 
@@ -188,6 +189,9 @@ class Writer:
             row = conn.execute(
                 statement.on_conflict_do_nothing(index_elements=["ingest_id"]).returning(events.c.id)
             ).first()
+            if row is not None and e.event == "start" and e.concurrency is not None:
+                # The jobs column shows what the supervisor really runs (after step-downs), not the plan.
+                conn.execute(update(nodes).where(nodes.c.id == node_id).values(concurrency=e.concurrency))
             return row is not None
 
         return write
