@@ -501,3 +501,21 @@ def test_the_jobs_column_is_what_the_supervisor_runs(client: TestClient) -> None
     post(client, envelope("prover", fixture_report()))  # no plan in it
     nodes = {n["name"]: n for n in client.get("/api/v1/nodes", headers=VIEWER_H).json()["nodes"]}
     assert nodes["prover"]["concurrency"] == 10
+
+
+def test_pressure_stops_are_counted_apart_from_oom_kills(client: TestClient) -> None:
+    """Issue #15: a run --guard stop is its own reason and counter, never an OOM kill."""
+    post(client, envelope("guarded", fixture_report()))
+    stop = {"event": "exit", "reason": "pressure-stop", "signal": 15, "pid": 9, "budget_bytes": GiB}
+    restart = {"event": "restart", "reason": "pressure-stop", "delay_s": 1.0, "budget_bytes": GiB}
+    for event in (stop, restart, stop):
+        assert post(client, {"node": "guarded", "id": uuid.uuid4().hex, "event": event}, "/api/v1/events").json()[
+            "stored"
+        ]
+    metrics = client.get("/metrics", headers=VIEWER_H).text
+    assert 'oomguard_pressure_stops_total{node="guarded"} 2.0' in metrics
+    assert 'oomguard_oom_kills_total{node="guarded"} 0.0' in metrics
+    nodes = {n["name"]: n for n in client.get("/api/v1/nodes", headers=VIEWER_H).json()["nodes"]}
+    assert nodes["guarded"]["oom_kills_24h"] == 0
+    alerts = client.get("/api/v1/alerts", headers=VIEWER_H).json()["alerts"]
+    assert not [a for a in alerts if a["node"] == "guarded" and a["kind"] == "oom-kills"]

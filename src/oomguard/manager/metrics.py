@@ -44,15 +44,22 @@ class _Nodes:
             "OOM kills reported by the node's supervisor, kept across container restarts.",
             labels=["node"],
         )
+        stops = CounterMetricFamily(
+            "oomguard_pressure_stops",
+            "Graceful stops by run --guard before the kernel's OOM killer acted (not OOM kills).",
+            labels=["node"],
+        )
         seen = GaugeMetricFamily(
             "oomguard_node_last_seen_timestamp_seconds", "Time of the node's last report.", labels=["node"]
         )
         up = GaugeMetricFamily("oomguard_node_up", "1 while the node reports, 0 once it is offline.", labels=["node"])
         for r in self.rows:
             c.add_metric([r["name"]], float(r["oom_kills_total"] or 0))
+            stops.add_metric([r["name"]], float(r.get("pressure_stops_total") or 0))
             seen.add_metric([r["name"]], r["last_seen_ms"] / 1000)
             up.add_metric([r["name"]], 1.0 if r["status"] == "online" else 0.0)
         yield c
+        yield stops
         yield seen
         yield up
 

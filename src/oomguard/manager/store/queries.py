@@ -177,6 +177,11 @@ def metric_rows(conn: Connection, now: int, interval_ms: int) -> list[dict[str, 
         .where(and_(events.c.node_id == nodes.c.id, events.c.kind == "exit", events.c.reason == "oom-kill"))
         .scalar_subquery()
     )
+    pressure_stops = (
+        select(func.count(events.c.id))
+        .where(and_(events.c.node_id == nodes.c.id, events.c.kind == "exit", events.c.reason == "pressure-stop"))
+        .scalar_subquery()
+    )
     query = select(
         nodes.c.name,
         nodes.c.effective_bytes,
@@ -186,5 +191,6 @@ def metric_rows(conn: Connection, now: int, interval_ms: int) -> list[dict[str, 
         nodes.c.last_seen_ms,
         node_status(now, interval_ms).label("status"),
         total_ooms.label("oom_kills_total"),
+        pressure_stops.label("pressure_stops_total"),
     ).order_by(nodes.c.name)
     return [dict(r) for r in conn.execute(query).mappings().all()]
