@@ -2,7 +2,8 @@
 same server's /healthz in the same run (goal: ingest >= half of /healthz; 10,000 nodes reporting
 every 30 s need about 333 reports/s). SQLite and PostgreSQL.
 
-Usage: python bench/ingest.py [--seconds 10] [--clients 50] [--db sqlite|postgresql|both]
+Usage: python bench/ingest.py [--seconds 10] [--clients 50] [--db sqlite|postgresql|both] [--src DIR]
+(--src DIR: serve from another source tree, e.g. ``git archive HEAD src | tar -x -C DIR``)
 (root, or a user that can run PostgreSQL; the [manager] extra installed)
 """
 
@@ -15,6 +16,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +30,9 @@ def arg(name: str, default: str) -> str:
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
-def hammer(port: int, path: str, clients: int, seconds: float, body_for: object = None) -> tuple[int, int]:
+def hammer(
+    port: int, path: str, clients: int, seconds: float, body_for: Callable[[int], bytes] | None = None
+) -> tuple[int, int]:
     """(2xx answers, other answers) from *clients* keep-alive connections for *seconds*."""
     ok = [0] * clients
     bad = [0] * clients
@@ -46,7 +50,7 @@ def hammer(port: int, path: str, clients: int, seconds: float, body_for: object 
                         path,
                         body=body_for(i),
                         headers={
-                            **AGENT_H,  # type: ignore[operator]
+                            **AGENT_H,
                             "Content-Type": "application/json",
                         },
                     )
@@ -71,7 +75,8 @@ def hammer(port: int, path: str, clients: int, seconds: float, body_for: object 
 
 
 def run(db_url: str, label: str, clients: int, seconds: float) -> None:
-    server = ManagerProcess(db_url).start()
+    src = arg("--src", str(REPO / "src"))
+    server = ManagerProcess(db_url, env={"PYTHONPATH": src}).start()
     report = json.dumps(fixture_report())
 
     def body(i: int) -> bytes:

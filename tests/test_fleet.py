@@ -80,7 +80,7 @@ def test_agent_spools_while_the_manager_is_down_then_replays_once(tmp_path: Path
         assert times == sorted(times)  # stamped when received
         with make_engine(db).connect() as conn:  # and each keeps the time it was made, as the agent said
             made = list(conn.execute(select(reports.c.agent_ms).order_by(reports.c.id)).scalars())
-        assert len(set(made)) == 3 and made == sorted(made) and made[0] < parse_iso_ms(times[0])  # type: ignore[operator]
+        assert len(set(made)) == 3 and made == sorted(made) and made[0] < parse_iso_ms(times[0])
         assert detail["latest"]["memory"]["effective_bytes"] > 0
     finally:
         server.stop()

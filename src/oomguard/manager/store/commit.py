@@ -18,27 +18,22 @@ from sqlalchemy import Connection, Engine
 
 
 class _Job:
-    """One write waiting for its commit: a thread waits on ``done``, a coroutine on ``future``."""
+    """One write waiting for its commit; a coroutine awaits ``future``."""
 
-    __slots__ = ("done", "error", "fn", "future", "loop", "result")
+    __slots__ = ("error", "fn", "future", "loop", "result")
 
-    def __init__(self, fn: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, fn: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.fn = fn  # a callable(conn), or a payload for the committer's bulk writer
         self.loop = loop
-        self.future: asyncio.Future[Any] | None = loop.create_future() if loop is not None else None
-        self.done = threading.Event()
+        self.future: asyncio.Future[Any] = loop.create_future()
         self.result: Any = None
         self.error: BaseException | None = None
 
     def finish(self) -> None:
-        if self.loop is None:
-            self.done.set()
-            return
         with contextlib.suppress(RuntimeError):  # the event loop is gone: nobody waits
             self.loop.call_soon_threadsafe(self._settle)
 
     def _settle(self) -> None:
-        assert self.future is not None
         if self.future.done():
             return
         if self.error is not None:
@@ -66,20 +61,11 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._loop, name="oomguard-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[[Connection], Any]) -> Any:
-        """Run *fn(connection)* in the next commit; return its result once committed."""
-        job = _Job(fn)
-        self._queue.put(job)
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.result
-
     async def submit_async(self, fn: Any) -> Any:
-        """``submit`` for the event loop (a callable or a bulk payload): no thread waits while the commit runs."""
+        """Run *fn* (``fn(connection)``, or a bulk payload) in the next commit; its result once
+        committed. No thread waits while the commit runs."""
         job = _Job(fn, asyncio.get_running_loop())
         self._queue.put(job)
-        assert job.future is not None
         return await job.future
 
     def _loop(self) -> None:
