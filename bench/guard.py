@@ -3,7 +3,7 @@
 Creates a child of this process's memory cgroup (v1 or v2) limited to --limit (default
 768 MiB), as tests/realcgroup.py does, and removes it at the end. A seeded job mix: each job
 declares a size (32-128 MiB) but really uses 10-25% more; it is a child process that fills
-its real peak gradually over its ramp (0.6-1.4 s), holds it 0.4 s and exits. A coordinator
+its real peak gradually over its ramp (0.2-0.5 s), holds it 1.0 s and exits. A coordinator
 inside the group (oom_score_adj -1000; the jobs +1000, so the OOM killer picks a job) hands
 out MemoryBudget reservations first come, first served, one job per grant, in a fixed order:
 
@@ -17,7 +17,12 @@ out MemoryBudget reservations first come, first served, one job per grant, in a 
 Reported: kernel OOM kills (the group's oom_kill counter, before and after), pressure stops
 (run's events), jobs completed, makespan over the ideal lower bound max(sum of declared
 job-seconds / (limit - guard margin), the longest job), the peak working set as a share of
-the limit (sampled every 20 ms).
+the limit (sampled every 20 ms). Also the FIFO floor: the makespan of the schedule that starts
+the jobs in order, each as soon as its *real* peak fits under limit - guard margin beside the
+real peaks of those running (clairvoyant: it knows every real peak; no start-up cost, no
+coordinator). No schedule that starts the jobs in order and counts each at its real peak from
+its start beats it (by induction: greedy starts job i no later than any such schedule does, as
+the jobs it has running then are a subset of that schedule's), whatever admission samples.
 
 Usage: python bench/guard.py [--seed N] [--jobs N] [--limit SIZE] [--modes a,b,b',c] [--verbose]   (root)
        [--warmup BYTES]: (b)'s warm-up (Watch.warmup_bytes; default the ceiling, 0: none)
@@ -225,13 +230,30 @@ LABELS = {
 }
 
 
+def fifo_floor(jobs: list[dict[str, Any]], usable: int) -> float:
+    """The greedy in-order schedule by real peaks: each job starts as soon as its real peak fits
+    beside the real peaks of those running (clairvoyant, no start-up cost)."""
+    t, used, running = 0.0, 0, []  # running: (end, real)
+    for j in jobs:
+        while running and used + j["real"] > usable:
+            end, size = min(running)
+            running.remove((end, size))
+            t, used = max(t, end), used - size
+        running.append((t + j["ramp"] + HOLD, j["real"]))
+        used += j["real"]
+    return max(end for end, _ in running)
+
+
 def report(results: list[dict[str, Any]], jobs: list[dict[str, Any]], limit: int, opts: dict[str, str]) -> None:
     usable = limit - int(limit * float(opts["--guard-margin"].rstrip("%")) / 100)
     longest = max(j["ramp"] + HOLD for j in jobs)
     ideal = max(sum(j["declared"] * (j["ramp"] + HOLD) for j in jobs) / usable, longest)
     real = max(sum(j["real"] * (j["ramp"] + HOLD) for j in jobs) / usable, longest)
+    fifo = fifo_floor(jobs, usable)
     print(f"ideal lower bound: {ideal:.2f} s (declared job-seconds / {usable / MiB:.0f} MiB, or the longest job)")
     print(f"the same with the real sizes: {real:.2f} s (no schedule that stays under the line beats it)")
+    print(f"FIFO floor: {fifo:.2f} s = {fifo / ideal:.2f}x the ideal (in order, each job as soon as its real peak")
+    print("fits; clairvoyant, no start-up cost: no in-order schedule by real peaks beats it)")
     print()
     head = (
         "| way | kernel OOM kills | pressure stops | jobs completed | jobs lost | makespan | / ideal | / real ideal |"

@@ -14,6 +14,10 @@ process is moved by writing its PID to the destination's ``cgroup.procs``; a lim
 writing a number to ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1); v2 controllers are
 enabled for the children by writing "+memory" to ``cgroup.subtree_control``; writing "1" to a
 v2 group's ``cgroup.kill`` (Linux >= 5.14) SIGKILLs every process in it and below it.
+
+Two file descriptors the guard polls are opened here too (``run --guard``, supervisor/alarm.py):
+a v1 usage threshold (registered by a write to ``cgroup.event_control``) and a v2 group's
+``memory.events``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,32 @@ class CgroupFS:
             os.write(fd, value.encode())
         finally:
             os.close(fd)
+
+    def usage_threshold(self, group: str, nbytes: int) -> int:
+        """An eventfd the kernel signals when *group*'s v1 usage crosses *nbytes*, either way.
+
+        Documentation/admin-guide/cgroup-v1/memory.rst, "9. Memory thresholds": "create an
+        eventfd using eventfd(2); open memory.usage_in_bytes ...; write string like "<event_fd>
+        <fd of memory.usage_in_bytes> <threshold>" to cgroup.event_control. Application will be
+        notified through eventfd when memory usage crosses threshold in any direction." Closing
+        the eventfd unregisters it. Non-blocking, close-on-exec; ``OSError`` if refused.
+        """
+        efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            ufd = os.open(self._path(group + "/memory.usage_in_bytes"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.write_text(group + "/cgroup.event_control", f"{efd} {ufd} {int(nbytes)}")
+            finally:
+                os.close(ufd)  # the kernel holds its own reference for the registration
+        except BaseException:
+            os.close(efd)
+            raise
+        return efd
+
+    def open_events(self, group: str) -> int:
+        """A v2 group's ``memory.events``, opened to be polled for POLLPRI (cgroup-v2.rst,
+        "memory.events": "A value change in this file generates a file modified event")."""
+        return os.open(self._path(group + "/memory.events"), os.O_RDONLY | os.O_CLOEXEC)
 
     def mkdir(self, path: str) -> None:
         os.mkdir(self._path(path))

@@ -6,7 +6,11 @@ before the kernel acted), the next start asks for less (docs/run.md, "Restarts")
 - ``--on-oom concurrency`` (the default with plan flags): a cap one job below what ran, never
   below ``--min-concurrency``;
 - ``--on-oom margin`` (the default otherwise): an auto budget's safety margin grows by
-  max(256 MiB, 5% of the basis); an explicit budget is kept as given.
+  max(256 MiB, 5% of the basis) after an OOM kill, by 5% of the basis after a pressure stop; an
+  explicit budget is kept as given. A pressure stop came at the stop line, before the kernel
+  acted, so the step is proportional to the group: a 256 MiB floor would take a third of a
+  768 MiB group at once (measured in bench/guard.py: the restarted worker then ran its jobs
+  at two thirds of the room, 2.0-2.4x the ideal makespan).
 
 Both are lessons about one limit and one plan, so both are forgotten (back to the plan as
 computed) when either changes: the hard ceiling or the soft limit (``memory.effective_bytes``,
@@ -36,6 +40,11 @@ STEP_DOWN = {"oom-kill": "an OOM kill", "pressure-stop": "a pressure stop"}
 def oom_margin_step(basis_bytes: int | None) -> int:
     """How much an auto budget's margin grows after one OOM kill: max(256 MiB, 5% of the basis)."""
     return max(OOM_STEP_MIN, int((basis_bytes or 0) * OOM_STEP_RATIO))
+
+
+def pressure_margin_step(basis_bytes: int | None) -> int:
+    """How much it grows after one pressure stop: 5% of the basis (1 MiB at least)."""
+    return max(MiB, int((basis_bytes or 0) * OOM_STEP_RATIO))
 
 
 def situation(report: Report, planned: int | None) -> Key:
@@ -100,7 +109,7 @@ class Adaptation:
         b = report["budget"]
         if b["source"] != "auto":
             return f"{after}: the {b['source']} budget is kept as given (only an auto budget is lowered)"
-        step = oom_margin_step(b["basis_bytes"])
+        step = (pressure_margin_step if reason == "pressure-stop" else oom_margin_step)(b["basis_bytes"])
         self.extra_margin += step
         return f"{after}: safety margin raised by {format_size(step)} (now +{format_size(self.extra_margin)})"
 

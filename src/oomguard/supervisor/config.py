@@ -89,20 +89,26 @@ def check_placeholders(command: list[str], with_plan: bool) -> None:
     substitute(command, dict.fromkeys(names, ""))
 
 
-# ``run --guard`` (supervisor/guard.py): how often it samples, and the full-stall time under
-# memory.high that stops the worker.
+# ``run --guard`` (supervisor/guard.py): how often it samples, how often near the ceiling (the
+# working set within NEAR_MARGINS guard margins of it), and the full-stall time under memory.high
+# that stops the worker.
 GUARD_INTERVAL = 0.1
+FAST_INTERVAL = 0.02
+NEAR_MARGINS = 4
 STALL_LIMIT = 10.0
 
 
 class GuardSettings(NamedTuple):
     """``--guard-margin`` as (bytes, None), (None, percent) or (None, None) for the default; the
-    ``--on-pressure`` signal (None: none); how often to sample; the stall time that stops."""
+    ``--on-pressure`` signal (None: none); how often to sample, and how often near the ceiling;
+    the stall time that stops; whether to ask the kernel for wake-ups (supervisor/alarm.py)."""
 
     margin: tuple[int | None, float | None] = (None, None)
     on_pressure: int | None = None
     interval: float = GUARD_INTERVAL
     stall_limit: float = STALL_LIMIT
+    fast_interval: float = FAST_INTERVAL
+    kernel_alarm: bool = True
 
 
 def parse_signal(text: str, flag: str = "--on-pressure") -> int | None:

@@ -26,6 +26,12 @@ reads and acts (docs/guard.md). The flags become a ``GuardSettings`` in ``config
 
 The ceiling is the isolated group's limit with ``--isolate``, else the hard ceiling the budget
 was computed from (``memory.effective_bytes``), which is that group's limit.
+
+**Fast growth.** A worker that grows by more than the margin between two samples would pass the
+stop line and the ceiling unseen, and the kernel would act first. So near the ceiling (the working
+set within ``NEAR_MARGINS`` (4) guard margins of it) the guard samples every ``fast_interval``
+(20 ms), and it asks the kernel to wake it at the stop line (``alarm.py``: a v1 usage threshold;
+v2 ``memory.events``), between samples.
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from oomguard.probes.counters import MemorySample, read_sample
+from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import Root
-from oomguard.supervisor.config import GuardSettings
+from oomguard.supervisor.alarm import Alarm
+from oomguard.supervisor.config import NEAR_MARGINS, GuardSettings
 from oomguard.units import MiB, format_size
 
 TYPE_CHECKING = False
@@ -53,6 +61,7 @@ MARGIN_MIN = 64 * MiB
 MARGIN_RATIO = 0.02
 REARM_RATIO = 0.95
 PRESSURE, HIGH, STOP = "pressure", "high", "stop"
+FAST_QUIET = 0.02  # seconds the alarm is not polled after it woke the guard
 
 
 def guard_margin(spec: tuple[int | None, float | None], ceiling: int) -> int:
@@ -71,6 +80,7 @@ class GuardState:
     def __init__(self, budget: int, ceiling: int, margin: int, *, set_high: bool, stall_limit: float) -> None:
         self.budget, self.ceiling, self.margin = budget, ceiling, margin
         self.stop_line = ceiling - margin
+        self.near = ceiling - NEAR_MARGINS * margin  # from here on, sample fast
         self.rearm = int(budget * REARM_RATIO)
         self.set_high, self.stall_limit = set_high, stall_limit
         self.armed, self.high_set = True, False
@@ -135,22 +145,27 @@ class Guard:
         pid: int,
         stderr: TextIO,
         isolation: Isolation | None = None,
+        alarm: Alarm | None = None,
     ) -> None:
         self.settings, self.watch, self.root, self.group, self.version = settings, watch, root, group, version
-        self.pid, self.stderr, self.isolation = pid, stderr, isolation
+        self.pid, self.stderr, self.isolation, self.alarm = pid, stderr, isolation, alarm
         self.first: MemorySample | None = None
         self.last: MemorySample | None = None
         self.blind = False  # said once: the working set cannot be read
+        self.samples = 0
 
     def tick(self) -> bool:
         """Sample once and act; True when the worker must be stopped now (once)."""
         s = read_sample(self.root, self.group, self.version)
+        self.samples += 1
         if s.working_set is None and not self.blind:
             self.blind = True
             self._say(f"cannot read the usage of {self.group}: nothing to act on while it stays unreadable")
         if s.working_set is not None:
             self.first, self.last = self.first or s, s
         actions = self.watch.step(s)
+        if self.alarm is not None and s.working_set is not None and self.watch.stop_why is None:
+            self._arm(s)
         if PRESSURE in actions:
             self._pressure(s)
         if HIGH in actions and self.isolation is not None:
@@ -158,6 +173,24 @@ class Guard:
         if STOP in actions:
             self._say(f"pressure stop: {self.watch.stop_why}; SIGTERM to the worker's process group")
         return STOP in actions
+
+    def _arm(self, s: MemorySample) -> None:
+        assert self.alarm is not None
+        said = self.alarm.failure is not None
+        self.alarm.arm(self.watch.stop_line, self.watch.margin, s.inactive_file)
+        if not said and self.alarm.failure is not None:
+            self._say(f"{self.alarm.failure}: no wake-up from the kernel, sampling only")
+
+    def interval(self) -> float:
+        """Seconds to the next sample: ``fast_interval`` near the ceiling (until a stop), else ``interval``."""
+        ws = None if self.last is None else self.last.working_set
+        if ws is not None and ws >= self.watch.near and self.watch.stop_why is None:
+            return self.settings.fast_interval
+        return self.settings.interval
+
+    def close(self) -> None:
+        if self.alarm is not None:
+            self.alarm.close()
 
     def _say(self, text: str) -> None:
         self.stderr.write(f"oomguard run: guard: {text}\n")
@@ -223,9 +256,11 @@ def make_guard(
     root: Root,
     pid: int,
     stderr: TextIO,
+    fs: CgroupFS | None = None,
 ) -> Guard | None:
     """The guard of one run (*isolated*: the worker's group and its limit), or None when it cannot
-    watch anything (said in one line)."""
+    watch anything (said in one line). *fs*: where the kernel's wake-ups are registered (none
+    without it, or with ``kernel_alarm`` off)."""
     group: str | None
     version: int | None
     ceiling: int | None
@@ -246,10 +281,14 @@ def make_guard(
     high = isolated is not None and version == 2
     watch = GuardState(budget, ceiling, margin, set_high=high, stall_limit=settings.stall_limit)
     iso = isolated[0] if isolated is not None else None
-    guard = Guard(settings, watch, root=root, group=group, version=version, pid=pid, stderr=stderr, isolation=iso)
+    alarm = Alarm(root, fs, group, version) if fs is not None and settings.kernel_alarm else None
+    guard = Guard(
+        settings, watch, root=root, group=group, version=version, pid=pid, stderr=stderr, isolation=iso, alarm=alarm
+    )
     sig = signal.Signals(settings.on_pressure).name if settings.on_pressure is not None else "none"
     guard._say(
-        f"watching {group} every {settings.interval * 1000:g} ms: at the budget {format_size(budget)} "
+        f"watching {group} every {settings.interval * 1000:g} ms ({settings.fast_interval * 1000:g} ms above "
+        f"{format_size(max(0, watch.near))}): at the budget {format_size(budget)} "
         f"--on-pressure {sig}{', memory.high' if high else ''}; stop at {format_size(watch.stop_line)} "
         f"({format_size(ceiling)} limit - {format_size(margin)} guard margin)"
     )
@@ -257,31 +296,58 @@ def make_guard(
 
 
 @contextlib.contextmanager
-def exit_waiter(pid: int) -> Iterator[Callable[[float], None]]:
-    """A function that waits up to N seconds or until *pid* exits (a pidfd, Linux >= 5.3), else sleeps."""
+def exit_waiter(pid: int, alarm: Alarm | None = None) -> Iterator[Callable[[float], None]]:
+    """A function that waits up to N seconds, or until *pid* exits (a pidfd, Linux >= 5.3) or the
+    kernel's *alarm* fires; it sleeps where it has neither.
+
+    After a wake-up by the alarm, the alarm is left out of the next ``FAST`` seconds of waiting: a
+    v2 group throttled over ``memory.high`` changes ``memory.events`` up to 100 times a second
+    (kernfs rate-limits its notifications to one per 10 ms), and the guard samples near the
+    ceiling anyway.
+    """
     try:
-        fd = os.pidfd_open(pid)
+        fd: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):
-        yield time.sleep
-        return
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
+        fd = None
+    quiet_until = float("-inf")
+
+    def wait(seconds: float) -> None:
+        nonlocal quiet_until
+        afd = alarm.fd if alarm is not None and time.monotonic() >= quiet_until else None
+        if fd is None and afd is None:
+            time.sleep(seconds)
+            return
+        poller = select.poll()  # afresh each time: a moved threshold is a new eventfd
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+        if afd is not None and alarm is not None:
+            poller.register(afd, alarm.events)
+        ready = poller.poll(seconds * 1000)
+        if alarm is not None and any(f == afd for f, _ in ready):
+            alarm.drain()
+            quiet_until = time.monotonic() + FAST_QUIET
+
     try:
-        yield lambda seconds: (poller.poll(seconds * 1000), None)[1]
+        yield wait
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def wait_guarded(
     pid: int, guard: Guard, watching: Callable[[], bool], stop: Callable[[], None]
 ) -> tuple[int, resource.struct_rusage]:
-    """Wait for the child *pid*, sampling every ``interval`` while *watching*; ``stop`` when the guard
-    says so. Returns the wait status and resource usage, as ``os.wait4``."""
-    with exit_waiter(pid) as wait_exit:
-        while True:
-            done, status, usage = os.wait4(pid, os.WNOHANG)
-            if done:
-                return status, usage
-            if watching() and guard.tick():
-                stop()
-            wait_exit(guard.settings.interval)
+    """Wait for the child *pid*, sampling every ``guard.interval()`` (and when the kernel's alarm
+    fires) while *watching*; ``stop`` when the guard says so. Returns the wait status and resource
+    usage, as ``os.wait4``."""
+    try:
+        with exit_waiter(pid, guard.alarm) as wait_exit:
+            while True:
+                done, status, usage = os.wait4(pid, os.WNOHANG)
+                if done:
+                    return status, usage
+                if watching() and guard.tick():
+                    stop()
+                wait_exit(guard.interval())
+    finally:
+        guard.close()

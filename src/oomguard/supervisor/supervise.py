@@ -156,7 +156,8 @@ class Supervisor:
             return None
         isolated = (isolation, limit) if isolation is not None and limit is not None else None
         pid, err = self.child.pid, self.log.stderr
-        return make_guard(self.cfg.guard, report, budget, isolated=isolated, root=self.root, pid=pid, stderr=err)
+        fs = self.cgroupfs
+        return make_guard(self.cfg.guard, report, budget, isolated=isolated, root=self.root, pid=pid, stderr=err, fs=fs)
 
     def _wait(self, guard: Guard | None) -> tuple[int, int | None]:
         """Block until the worker exits: (returncode as Popen gives it, peak RSS bytes)."""
