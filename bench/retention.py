@@ -43,7 +43,7 @@ from sqlalchemy import insert, text  # noqa: E402
 from tests.manager_helpers import fixture_report, free_port  # noqa: E402
 from tests.pg import PostgresServer  # noqa: E402
 
-from oomguard.manager.db import make_engine, migrate, nodes, reports  # noqa: E402
+from oomguard.manager.db import latest_reports, make_engine, migrate, nodes, reports  # noqa: E402
 from oomguard.manager.retention import state  # noqa: E402
 
 HOUR, MIN, DAY = 3_600_000, 60_000, 86_400_000
@@ -125,13 +125,12 @@ def database(kind: str, name: str) -> Iterator[str]:
         pg.stop()
 
 
-def node_row(i: int, now: int, latest: str) -> dict:  # type: ignore[type-arg]
+def node_row(i: int, now: int) -> dict:  # type: ignore[type-arg]
     return {
         "name": f"node-{i:05d}",
         "first_seen_ms": now - RETENTION_DAYS * DAY,
         "last_seen_ms": now - (i % 7) * 1000,
         "interval_ms": 30_000,
-        "latest_report": latest,
         "effective_bytes": 342 << 30,
         "host_total_bytes": 503 << 30,
         "budget_bytes": 332 << 30,
@@ -157,7 +156,11 @@ def populate(url: str, n_nodes: int, times_of: Callable[[int, int], list[int]], 
     engine = make_engine(url)
     latest = json.dumps(fixture_report())
     with engine.begin() as conn:
-        conn.execute(insert(nodes), [node_row(i, now, latest) for i in range(n_nodes)])
+        conn.execute(insert(nodes), [node_row(i, now) for i in range(n_nodes)])
+        conn.execute(
+            insert(latest_reports),
+            [{"node_id": i, "received_ms": now, "report": latest} for i in range(1, n_nodes + 1)],
+        )
     total = 0
     for first in range(1, n_nodes + 1, 200):
         rows = [

@@ -159,7 +159,7 @@ def test_node_page_chart_and_hostile_text(browser: Browser, server: ManagerProce
     assert HOSTILE in body  # shown as text: in the warnings, the GPU name, the cgroup path, the event
     assert body.count(HOSTILE) >= 4
     assert page.locator("main script").count() == 0
-    assert "oom-kill" in page.locator("ol.timeline").inner_text()
+    assert "OOM kill by the kernel" in page.locator("ol.timeline").inner_text()  # the reason in words
     shot(page, "node")
     raw = page.locator("a >> text=raw JSON").get_attribute("href")
     assert raw == "/api/v1/nodes/evil-node"

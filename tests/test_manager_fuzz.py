@@ -4,7 +4,9 @@
   NUL bytes included) for every operation, and checks ``not_a_server_error``;
 - hypothesis takes a real report and breaks it: any JSON value anywhere (huge integers, NaN and
   Infinity as raw tokens, NUL characters, deep nesting), then checks that the answer is 200, 400,
-  413 or 422 and that every page and API answer about that node is still 200.
+  413 or 422 and that every page and API answer about that node is still 200;
+- hypothesis forgets nodes (``DELETE /api/v1/nodes/NAME`` with the admin token, any name) between
+  reports, events and heartbeats of the same nodes: never a 5xx, and the nodes come back.
 
 Example counts are modest (2 shared cores); the counts run are printed at the end of the module.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +34,8 @@ from oomguard.manager.db import migrate
 from oomguard.manager.settings import Settings
 from tests.manager_helpers import fixture_report, local_client, shared_pg
 
-COUNTS = {"schemathesis cases": 0, "hypothesis bodies": 0, "server errors": 0}
+COUNTS = {"schemathesis cases": 0, "hypothesis bodies": 0, "hypothesis deletes": 0, "server errors": 0}
+ADMIN = "fuzz-admin-token"
 BASE = fixture_report()
 NODES = ("fuzz-a", "fuzz-b", "fuzz.c_1")
 
@@ -49,10 +53,11 @@ def _db_url(kind: str, tmp: Path) -> str:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def fuzz_app(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One app per database, no tokens (loopback): every route is reachable, the deepest code runs."""
+    """One app per database, no agent or viewer token (loopback): every route is reachable, the
+    deepest code runs; an admin token, so that DELETE runs past its check when given it."""
     url = _db_url(request.param, tmp_path_factory.mktemp("fuzz"))
     migrate(url)
-    return create_app(Settings(db_url=url))
+    return create_app(Settings(db_url=url, admin_token=ADMIN))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,3 +170,48 @@ def test_report_bodies_never_get_5xx_and_every_page_stays_up(body_client: Any, b
         if page.status_code >= 500:
             COUNTS["server errors"] += 1
         assert page.status_code in (200, 404), (path, page.status_code, page.text[:300])
+
+
+# -- forgetting nodes --------------------------------------------------------------------------
+
+NAMES = (
+    st.sampled_from(NODES) | st.text(max_size=140) | st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", fullmatch=True)
+)
+WRITES = st.sampled_from(["report", "event", "heartbeat", "delete", "delete"])
+
+
+@pytest.fixture(scope="module")
+def admin_client(fuzz_app: Any) -> Iterator[Any]:
+    """The fuzzed app's database, with a failure limit no run exhausts (schemathesis's random
+    tokens spend the fuzzed app's own)."""
+    url = fuzz_app.state.settings.db_url
+    with local_client(create_app(Settings(db_url=url, admin_token=ADMIN, login_burst=10**9))) as client:
+        yield client
+
+
+@given(steps=st.lists(st.tuples(WRITES, NAMES), min_size=1, max_size=6))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+def test_forgetting_nodes_never_gets_5xx(admin_client: Any, steps: list[tuple[str, str]]) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN}", "Accept": "application/json"}
+    for write, name in steps:
+        COUNTS["hypothesis deletes"] += write == "delete"
+        if write == "delete":
+            answer = admin_client.delete(f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}", headers=admin)
+            expected: tuple[int, ...] = (204, 404, 405, 422)
+        else:
+            body: dict[str, Any] = {"node": name, "id": uuid.uuid4().hex}
+            if write == "report":
+                body["report"] = BASE
+            else:
+                body["event"] = {"event": "heartbeat", "interval_s": 60} if write == "heartbeat" else {"event": "start"}
+            answer = admin_client.post(f"/api/v1/{write.replace('heartbeat', 'event')}s", json=body)
+            expected = (200, 422)
+        if answer.status_code >= 500:
+            COUNTS["server errors"] += 1
+        assert answer.status_code in expected, (write, name, answer.status_code, answer.text[:300])
+        if answer.status_code == 204:
+            assert admin_client.get(f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}").status_code == 404
+        elif write != "delete" and answer.status_code == 200:
+            assert admin_client.get(f"/api/v1/nodes/{name}").status_code == 200
+    for path in ("/", "/api/v1/nodes", "/api/v1/alerts", "/metrics"):
+        assert admin_client.get(path).status_code == 200, path

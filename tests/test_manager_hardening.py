@@ -128,7 +128,7 @@ def test_pages_render_a_stored_report_whatever_its_types(db_url: str) -> None:
         stored["memory"]["cgroup"] = "not an object"
         stored["gpus"] = [{"index": "zero", "name": 7}]
         with make_engine(db_url).begin() as conn:
-            conn.execute(text("UPDATE nodes SET latest_report = :r"), {"r": json.dumps(stored)})
+            conn.execute(text("UPDATE latest_reports SET report = :r"), {"r": json.dumps(stored)})
         page = c.get("/nodes/old", headers=VIEWER_H)
         assert page.status_code == 200 and "342 GiB" in page.text
         pages_up(c, "old")
@@ -577,10 +577,9 @@ def test_a_full_disk_is_one_logged_episode_counted_and_in_healthz(
     ):
         assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
         filler = small_disk / "filler"
-        with filler.open("wb") as f, pytest.raises(OSError):
+        with filler.open("wb", buffering=0) as f, pytest.raises(OSError):  # unbuffered: close flushes nothing
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         refused = 0
         for _ in range(40):
             r = c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H)

@@ -15,15 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import func, select, text
 
-from oomguard.manager.db import events, make_engine, reports
+from oomguard.manager.db import alembic_config, events, make_engine, reports
 from tests.conftest import REPO
 from tests.manager_helpers import AGENT, AGENT_H, VIEWER_H, ManagerProcess, envelope, fixture_report
 from tests.pg import PostgresServer
 
 _PG = PostgresServer()
 AGENTS, ROUNDS, RACED, RACED_EVENTS = 6, 2, 200, 20
+ADMIN = "admin-secret-token"
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +115,34 @@ def node_series(metrics: str) -> list[str]:
     return sorted(line for line in metrics.splitlines() if 'node="' in line and not line.startswith("#"))
 
 
+def forget_on_one_report_to_the_other(managers: list[ManagerProcess]) -> None:
+    """Replica 0 forgets nodes that replica 1's writer has cached: replica 1's next heartbeat,
+    report and event of them still land (a failed batch or an update of no row clears the
+    cache), as new nodes."""
+    for node in ("agent-1", "agent-3"):
+        conn = http.client.HTTPConnection("127.0.0.1", managers[0].port, timeout=30)
+        conn.request("DELETE", f"/api/v1/nodes/{node}", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert conn.getresponse().status == 204
+        conn.close()
+    heartbeat = {"node": "agent-3", "id": uuid.uuid4().hex, "event": {"event": "heartbeat", "interval_s": 60}}
+    assert call(managers[1].port, "POST", "/api/v1/events", heartbeat)["stored"]
+    assert call(managers[0].port, "GET", "/api/v1/nodes/agent-3")["status"] == "run-only"  # anew, from its heartbeat
+    assert call(managers[1].port, "POST", "/api/v1/reports", envelope("agent-1", fixture_report()))["stored"]
+    event = {"node": "agent-1", "id": uuid.uuid4().hex, "event": {"event": "start", "pid": 1}}
+    assert call(managers[1].port, "POST", "/api/v1/events", event)["stored"]
+    detail = call(managers[0].port, "GET", "/api/v1/nodes/agent-1")
+    assert detail["history_count"] == 1 and len(detail["events"]) == 1
+
+
 def test_two_replicas_on_one_postgresql(pg: PostgresServer, tmp_path: Path) -> None:
     url = pg.create_db("replicas_" + uuid.uuid4().hex[:8])
-    managers = [ManagerProcess(url), ManagerProcess(url)]
+    managers = [ManagerProcess(url, env={"OOMGUARD_ADMIN_TOKEN": ADMIN}) for _ in range(2)]
     try:
         start_together(managers)
         engine = make_engine(url)
+        head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
         with engine.connect() as conn:  # migrated once: one version row, at the head
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0004"]
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head]
         for round_no in range(ROUNDS):
             run_agents(managers, tmp_path, round_no)
         raced = [envelope("raced", fixture_report(budget="500GiB"), interval_s=30) for _ in range(RACED)]
@@ -153,6 +175,7 @@ def test_two_replicas_on_one_postgresql(pg: PostgresServer, tmp_path: Path) -> N
         assert {("raced", "budget-from-host"), ("raced", "oom-kills")} <= kinds
         raced_node = call(managers[1].port, "GET", "/api/v1/nodes/raced")
         assert raced_node["history_count"] == RACED and raced_node["oom_kills_24h"] == RACED_EVENTS
+        forget_on_one_report_to_the_other(managers)
     finally:
         for m in managers:
             m.stop()

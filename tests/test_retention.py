@@ -96,16 +96,25 @@ def test_retention_thins_and_expires_by_receive_time_and_keeps_oom_kills(db_url:
         assert ingest(store, "n", agent_ms=t + DAY_MS, ingest_id=f"r{i:02d}")
     clock.t = now - 20 * DAY_MS
     assert event(store, "n", "oom-old", reason="oom-kill") and event(store, "n", "exit-old", reason="exit")
+    assert event(store, "n", "stop-old", reason="pressure-stop")
     clock.t = now
     result = store.thin()
-    assert result == {"expired_reports": 0, "thinned_reports": 9, "expired_events": 0, "batches": 1, "skipped": 0}
+    assert result == {
+        "expired_reports": 0,
+        "thinned_reports": 9,
+        "expired_events": 0,
+        "archived_nodes": 0,
+        "batches": 1,
+        "skipped": 0,
+    }
     kept = sorted(stored_ids(store))  # the first of each old hour, then every recent one
     assert kept == ["r00", "r04", "r08", "r12", "r13", "r14"]
     history = store.node_detail("n")["history"]  # type: ignore[index]
     assert [h["time"] for h in history] == [iso_ms(t) for t in [*sorted(old)[::4], *recent]]
     short = make_store(db_url, clock, retention_s=10 * 86400)  # a shorter retention: old events go, OOM kills stay
-    assert short.thin()["expired_events"] == 1
-    assert [e["reason"] for e in short.node_detail("n")["events"]] == ["oom-kill"]  # type: ignore[index]
+    assert short.thin()["expired_events"] == 1  # and pressure stops: oomguard_pressure_stops_total never goes down
+    kept_events = short.node_detail("n")["events"]  # type: ignore[index]
+    assert sorted(e["reason"] for e in kept_events) == ["oom-kill", "pressure-stop"]
     clock.t = now + 3 * HOUR_MS + 31 * DAY_MS  # and everything past the retention goes
     assert make_store(db_url, clock).thin()["expired_reports"] == 6
 
@@ -298,8 +307,9 @@ def test_upgrade_to_receive_time_keeps_the_data(tmp_path: Path) -> None:
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO nodes (name, first_seen_ms, last_seen_ms) VALUES ('old', 1, 2)"))
         conn.execute(text("INSERT INTO reports (node_id, ingest_id, received_ms) SELECT id, 'r-1', 2 FROM nodes"))
-    migrate(url)
+    migrate(url, "0004")
     assert current_revision(engine) == "0004"
+    migrate(url)  # and on to the head
     store = Store(engine)
     detail = store.node_detail("old")
     assert detail is not None and detail["clock_skew_s"] is None and detail["history_count"] == 1
@@ -325,6 +335,7 @@ def test_one_retention_pass_at_a_time_on_postgresql(pg: PostgresServer) -> None:
             "expired_reports": 0,
             "thinned_reports": 0,
             "expired_events": 0,
+            "archived_nodes": 0,
             "batches": 0,
             "skipped": 1,
         }

@@ -3,20 +3,30 @@
 When the spool cannot take an event (disk full, removed, unwritable), the event waits in memory
 (at most ``MEMORY_MAX``, the oldest dropped first) and the thread posts it directly after the
 spooled ones; the supervisor never sees an error from its event sink.
+
+When it has been handed nothing for ``heartbeat_s`` (60 s), the thread posts a heartbeat,
+``{"event": "heartbeat", "time": ..., "interval_s": 60}``: a node known to the manager only from
+these events (no agent) stays "run-only" (healthy) rather than "offline" while its supervisor
+lives. A heartbeat is never spooled (a late one says nothing) nor written to ``--events`` (it is
+made here, not by the supervisor); one the manager does not take is dropped, silently.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 import uuid
 from typing import Any
 
 from oomguard.agent.sender import Sender
 from oomguard.agent.spool import SpoolError, open_spool
 from oomguard.nodes import sanitize_node_name
+from oomguard.times import iso_now
 
 MEMORY_MAX = 1000
+HEARTBEAT_S = 60.0
+WAKE_S = 30.0  # the thread retries what waits in the spool at least this often
 
 
 class EventForwarder:
@@ -24,12 +34,17 @@ class EventForwarder:
 
     ``UsageError`` naming the flag for a bad ``--manager``, ``--token`` or ``--spool``."""
 
-    def __init__(self, manager: str, token: str, node: str, spool_dir: str) -> None:
+    def __init__(
+        self, manager: str, token: str, node: str, spool_dir: str, *, heartbeat_s: float = HEARTBEAT_S
+    ) -> None:
         self.sender = Sender(manager, token, open_spool(spool_dir), timeout=5.0)
         self.node = sanitize_node_name(node)
         if self.node != node:
             self.sender.log(f"node name {node!r} is not one the manager accepts: using {self.node!r}")
         self.memory: collections.deque[dict[str, Any]] = collections.deque(maxlen=MEMORY_MAX)
+        self.heartbeat_s = heartbeat_s  # a heartbeat after this long with nothing to send (<= 0: none)
+        self.clock = time.monotonic
+        self._last_sent = self.clock()
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="oomguard-events", daemon=True)
@@ -42,16 +57,31 @@ class EventForwarder:
         except SpoolError as e:
             self.sender.spool_trouble.trouble("spool", f"{e}; events wait in memory and are sent directly")
             self.memory.append(body)
+        self._last_sent = self.clock()  # sent by the thread now: as good as a heartbeat
         self._wake.set()
+
+    def _timeout(self) -> float:
+        """How long the thread may sleep: until the next heartbeat is due, at most WAKE_S."""
+        if self.heartbeat_s <= 0:
+            return WAKE_S
+        return max(0.0, min(WAKE_S, self._last_sent + self.heartbeat_s - self.clock()))
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(30)
+            self._wake.wait(self._timeout())
             self._wake.clear()
             stopping = self._stop  # read before sending: what close() wakes us for is always sent
             self._send_all()
             if stopping:
                 return
+            if self.heartbeat_s > 0 and self.clock() - self._last_sent >= self.heartbeat_s:
+                self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        """Post a heartbeat directly (never spooled); whatever the answer, the next one is due later."""
+        self._last_sent = self.clock()
+        event = {"event": "heartbeat", "time": iso_now(), "interval_s": self.heartbeat_s}
+        self.sender.post("event", {"node": self.node, "id": uuid.uuid4().hex, "event": event})
 
     def _send_all(self) -> None:
         self.sender.flush()

@@ -21,11 +21,13 @@ INSTALL_HINT = "pip install 'oomguard[manager]'"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "%(prog)s [--db URL] [--host HOST] [--port PORT] [--agent-token T] [--viewer-token T] [--retention 30d]\n"
-        "       [--allowed-hosts NAMES] [--max-connections N] [--session-ttl 12h]"
+        "       [--admin-token T] [--forget-after 7d] [--allowed-hosts NAMES] [--max-connections N]\n"
+        "       [--session-ttl 12h]"
     )
     parser.description = SUMMARY
     parser.epilog = (
-        "Off loopback, both tokens are required, of at least 16 characters. Tokens are compared in constant "
+        "Off loopback, the agent and viewer tokens are required, of at least 16 characters; the admin token "
+        "(forgetting nodes) is optional, and without it nobody may forget a node. Tokens are compared in constant "
         "time; whitespace around a token is stripped, with a warning.\n" + flags.DURATIONS
     )
     flags.option(parser, "--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL")
@@ -33,7 +35,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.option(parser, "--port", "port (default 8080)", "PORT")
     flags.option(parser, "--agent-token", "bearer token agents write with (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
     flags.option(parser, "--viewer-token", "bearer token readers use (or OOMGUARD_VIEWER_TOKEN)", "TOKEN")
+    flags.option(
+        parser,
+        "--admin-token",
+        "the operator's token: forgetting nodes (or OOMGUARD_ADMIN_TOKEN); none: nobody may",
+        "TOKEN",
+    )
     flags.option(parser, "--retention", "history kept (default 30d; OOM events are kept for ever)", "DURATION")
+    flags.option(parser, "--forget-after", "archive nodes silent this long (default 7d; 0 or off: never)", "DURATION")
     flags.option(parser, "--interval", "the agents' report interval, for offline detection (default 30s)", "DURATION")
     flags.option(parser, "--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE")
     flags.option(

@@ -1,17 +1,32 @@
-"""The alert policy: when a node is offline, and which of its numbers deserve a page.
+"""The alert policy: a node's status, and which of its numbers deserve a page.
 
-A node is offline after three missed report intervals (its own, or the manager's default),
-counted from the time the manager received its latest report, never the agent's own clock: an
-agent whose clock is slow is not "offline" right after reporting. Alerts, per node:
+Statuses (``node_status``, one SQL expression):
 
-- ``offline`` (warning): no report for three intervals;
+- ``online``: the node's agent reported within three report intervals (its own, or the manager's
+  default), counted from the time the manager received its latest report, never the agent's own
+  clock: an agent whose clock is slow is not "offline" right after reporting;
+- ``run-only``: no agent ever reported, but ``oomguard run --manager`` sends events, and its
+  supervisor's latest event or heartbeat arrived within three heartbeat intervals (the interval
+  it announced, else ``HEARTBEAT_MS``): healthy, only without an agent;
+- ``offline``: neither of the above;
+- ``archived``: nothing from the node for ``--forget-after`` (the retention pass sets it; a new
+  report, event or heartbeat clears it). Archived nodes leave the list, the cards, the alerts
+  and /metrics.
+
+Alerts, per node that is not archived:
+
+- ``offline`` (warning): no report (or, run-only, no event or heartbeat) for three intervals;
 - ``budget-from-host`` (critical): the budget is above the effective limit and in the host's
   ballpark, so it was sized from the host's RAM: the outage oomguard exists for;
 - ``budget-above-limit`` (critical): the budget is above the effective limit otherwise;
 - ``memlock-below-pinned-need`` (critical): the report warns ``memlock-too-low``;
-- ``oom-kills`` (critical): OOM kills in the last hour.
+- ``oom-kills`` (critical): OOM kills in the last hour (exit events only: the restart or give-up
+  after a kill repeats its reason; one kill, one count);
+- ``pressure-stops`` (warning): ``run --guard`` stopped the worker in the last hour before the
+  kernel's OOM killer acted (exit reason ``pressure-stop``): counted apart, never an OOM kill.
 
-The database picks the nodes that have one (cheap at 10,000 nodes); ``node_alerts`` words them.
+The database picks the nodes that have one (cheap at 10,000 nodes); ``node_alerts`` words them,
+and ``alert_count`` is the same policy as one SQL expression (the list's ``alerts`` column).
 """
 
 from __future__ import annotations
@@ -26,24 +41,76 @@ from oomguard.manager.times import iso_ms
 from oomguard.units import format_size
 
 HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
 MISSED_INTERVALS = 3
+HEARTBEAT_MS = 60_000  # a supervisor's heartbeat interval when it announced none
+MEMLOCK_WARNING = '%"memlock-too-low"%'  # in the JSON list of warning codes ([A-Za-z0-9._-] only)
+STATUSES = ("online", "offline", "run-only", "archived")
 
 
 def node_status(now: int, default_interval_ms: int) -> Any:
-    """SQL: ``'offline'`` after three missed intervals, else ``'online'``."""
+    """SQL: the node's status (see the module doc), one CASE expression."""
     interval = func.coalesce(nodes.c.interval_ms, default_interval_ms)
-    return case((now - nodes.c.last_seen_ms > MISSED_INTERVALS * interval, "offline"), else_="online")
+    heartbeat = func.coalesce(nodes.c.heartbeat_interval_ms, HEARTBEAT_MS)
+    silent = now - nodes.c.last_seen_ms
+    never_reported = nodes.c.warnings.is_(None)  # every report sets it, [] when none
+    return case(
+        (nodes.c.archived_ms.is_not(None), "archived"),
+        (and_(never_reported, silent <= MISSED_INTERVALS * heartbeat), "run-only"),
+        (or_(never_reported, silent > MISSED_INTERVALS * interval), "offline"),
+        else_="online",
+    )
 
 
-def _recent_ooms(now: int) -> Any:
-    # Exit events only: a restart or give-up after an OOM kill repeats its reason (one kill, one count).
-    return and_(events.c.kind == "exit", events.c.reason == "oom-kill", events.c.received_ms > now - HOUR_MS)
+def recent_exits(now: int, node_ids: list[int] | None = None) -> Any:
+    """SQL subquery: per node (of *node_ids*, or all), its exit events of the last day by reason,
+    counted once (exit events only): ``oom_24h``, ``oom_1h``, ``stops_24h``, ``stops_1h``
+    (pressure stops). Nodes without any have no row (join it outer, and coalesce)."""
+
+    def count(reason: str, since: int) -> Any:
+        return func.sum(case((and_(events.c.reason == reason, events.c.received_ms > since), 1), else_=0))
+
+    conds = [
+        events.c.reason.in_(("oom-kill", "pressure-stop")),
+        events.c.received_ms > now - DAY_MS,
+        events.c.kind == "exit",
+    ]
+    if node_ids is not None:
+        conds.append(events.c.node_id.in_(node_ids))
+    return (
+        select(
+            events.c.node_id,
+            count("oom-kill", now - DAY_MS).label("oom_24h"),
+            count("oom-kill", now - HOUR_MS).label("oom_1h"),
+            count("pressure-stop", now - DAY_MS).label("stops_24h"),
+            count("pressure-stop", now - HOUR_MS).label("stops_1h"),
+        )
+        .where(*conds)
+        .group_by(events.c.node_id)
+        .subquery()
+    )
 
 
-def _candidates(now: int, default_interval_ms: int) -> Any:
+def alert_count(status: Any, ooms_last_hour: Any, stops_last_hour: Any) -> Any:
+    """SQL: how many alerts ``node_alerts`` gives the node (0 when archived), from the node's
+    status and its OOM kills and pressure stops of the last hour (SQL expressions)."""
+
+    def one(cond: Any) -> Any:
+        return case((cond, 1), else_=0)
+
+    total = (
+        one(status == "offline")
+        + one(nodes.c.budget_bytes > nodes.c.effective_bytes)  # budget-from-host or -above-limit: one of the two
+        + one(nodes.c.warnings.like(MEMLOCK_WARNING))
+        + one(ooms_last_hour > 0)
+        + one(stops_last_hour > 0)
+    )
+    return case((nodes.c.archived_ms.is_not(None), 0), else_=total)
+
+
+def _candidates(now: int, default_interval_ms: int, recent: Any) -> Any:
     """SQL: the nodes with at least one alert, the columns ``node_alerts`` reads."""
     status = node_status(now, default_interval_ms)
-    recent_oom = select(events.c.node_id).where(_recent_ooms(now)).distinct()
     return (
         select(
             nodes.c.id,
@@ -53,15 +120,21 @@ def _candidates(now: int, default_interval_ms: int) -> Any:
             nodes.c.budget_bytes,
             nodes.c.warnings,
             nodes.c.last_seen_ms,
+            nodes.c.warnings.is_(None).label("run_only"),
             status.label("status"),
+            func.coalesce(recent.c.oom_1h, 0).label("oom_1h"),
+            func.coalesce(recent.c.stops_1h, 0).label("stops_1h"),
         )
+        .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
         .where(
+            nodes.c.archived_ms.is_(None),
             or_(
                 status == "offline",
                 nodes.c.budget_bytes > nodes.c.effective_bytes,
-                nodes.c.warnings.like('%"memlock-too-low"%'),
-                nodes.c.id.in_(recent_oom),
-            )
+                nodes.c.warnings.like(MEMLOCK_WARNING),
+                recent.c.oom_1h > 0,
+                recent.c.stops_1h > 0,
+            ),
         )
         .order_by(nodes.c.name)
     )
@@ -71,12 +144,10 @@ def fleet_alerts(
     conn: Connection, now: int, default_interval_ms: int, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """Every node's alerts, nodes by name; at most *limit*."""
-    rows = conn.execute(_candidates(now, default_interval_ms)).mappings().all()
-    counts = select(events.c.node_id, func.count(events.c.id)).where(_recent_ooms(now)).group_by(events.c.node_id)
-    ooms = {int(node_id): int(count) for node_id, count in conn.execute(counts).all()}
+    rows = conn.execute(_candidates(now, default_interval_ms, recent_exits(now))).mappings().all()
     out: list[dict[str, Any]] = []
     for r in rows:
-        out.extend(node_alerts(r, ooms.get(r["id"], 0)))
+        out.extend(node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"])))
         if limit is not None and len(out) >= limit:
             return out[:limit]
     return out
@@ -92,11 +163,18 @@ def _budget_alert(eff: int, host: int | None, budget: int) -> tuple[str, str]:
     return "budget-above-limit", f"budget {format_size(budget)} is above the effective limit {format_size(eff)}"
 
 
-def node_alerts(r: Any, ooms_last_hour: int) -> list[dict[str, Any]]:
-    """The alerts of one node row (latest report columns, status)."""
+def node_alerts(r: Any, ooms_last_hour: int, stops_last_hour: int = 0) -> list[dict[str, Any]]:
+    """The alerts of one node row (latest report columns, status; ``run_only`` when no agent ever
+    reported), with its OOM kills and pressure stops of the last hour."""
     found: list[tuple[str, str, str]] = []  # kind, severity, message
+    if r["status"] == "archived":
+        return []
     if r["status"] == "offline":
-        found.append(("offline", "warning", f"no report since {iso_ms(r['last_seen_ms'])}"))
+        since = iso_ms(r["last_seen_ms"])
+        if r.get("run_only"):
+            found.append(("offline", "warning", f"no event or heartbeat from its supervisor since {since}"))
+        else:
+            found.append(("offline", "warning", f"no report since {since}"))
     eff, budget = r["effective_bytes"], r["budget_bytes"]
     if budget is not None and eff is not None and budget > eff:
         kind, message = _budget_alert(eff, r["host_total_bytes"], budget)
@@ -105,7 +183,16 @@ def node_alerts(r: Any, ooms_last_hour: int) -> list[dict[str, Any]]:
         found.append(("memlock-below-pinned-need", "critical", "RLIMIT_MEMLOCK is below the plan's pinned need"))
     if ooms_last_hour:
         found.append(("oom-kills", "critical", f"{ooms_last_hour} OOM kill(s) in the last hour"))
+    if stops_last_hour:
+        found.append(
+            (
+                "pressure-stops",
+                "warning",
+                f"{stops_last_hour} pressure stop(s) in the last hour: run --guard stopped the worker "
+                "before the kernel's OOM killer acted",
+            )
+        )
     return [{"node": r["name"], "kind": k, "severity": s, "message": m} for k, s, m in found]
 
 
-__all__ = ["fleet_alerts", "node_alerts", "node_status"]
+__all__ = ["STATUSES", "alert_count", "fleet_alerts", "node_alerts", "node_status", "recent_exits"]

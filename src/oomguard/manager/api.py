@@ -1,5 +1,6 @@
 """The HTTP API: agents POST reports and events (agent token); readers GET nodes, alerts and
-Prometheus metrics (viewer token); ``/healthz`` is open and checks the database.
+Prometheus metrics (viewer token); the operator DELETEs a node (admin token); ``/healthz`` is
+open and checks the database.
 
 No client input gets a 5xx: a body that is not strict JSON is refused by the middleware
 (``oomguard.manager.bodies``), one that does not fit the models or the report's JSON Schema
@@ -17,11 +18,20 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine, text
 
 from oomguard.manager import reportschema
-from oomguard.manager.deps import DB_FAILURES, StoreDep, db_read, db_write, require_agent, require_viewer
+from oomguard.manager.alerts import STATUSES
+from oomguard.manager.deps import (
+    DB_FAILURES,
+    StoreDep,
+    db_read,
+    db_write,
+    require_admin,
+    require_agent,
+    require_viewer,
+)
 from oomguard.manager.health import DatabaseUnavailable, DbHealth, classify
 from oomguard.manager.metrics import render_metrics
 from oomguard.manager.models import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
-from oomguard.manager.store import SORT_KEYS
+from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS
 from oomguard.manager.times import parse_iso_ms
 
 HEALTH_TIMEOUT_S = 2.0
@@ -36,6 +46,11 @@ SCHEMA_VERSION = reportschema.schema().get("properties", {}).get("schema_version
 
 ingest = APIRouter(prefix="/api/v1", dependencies=[Depends(require_agent)], responses=REFUSALS)
 reads = APIRouter(dependencies=[Depends(require_viewer)], responses=REFUSALS)
+admin = APIRouter(
+    prefix="/api/v1",
+    dependencies=[Depends(require_admin)],
+    responses={**REFUSALS, 403: {"description": "the manager has no admin token (--admin-token)"}},
+)
 health = APIRouter()
 
 
@@ -70,12 +85,15 @@ async def get_nodes(
     *,
     request: Request,
     store: StoreDep,
-    status: Annotated[str | None, Query(pattern="^(online|offline)$")] = None,
+    status: Annotated[str | None, Query(pattern="^(" + "|".join(STATUSES) + ")$")] = None,
     q: Annotated[str | None, Query(max_length=128, pattern=NO_NUL)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
-    sort: Annotated[str, Query(pattern="^-?(" + "|".join(SORT_KEYS) + ")$")] = "name",
+    sort: Annotated[str, Query(pattern="^-?(" + "|".join(SORT_KEYS) + ")$")] = DEFAULT_SORT,
 ) -> dict[str, Any]:
+    """Node summaries, a page at a time. Without *status*, every node but the archived ones.
+    *sort* ``risk`` (the default): OOM kills in 24 h, then working set over limit, then open
+    alerts, riskiest first."""
     return await db_read(request, store.list_nodes, status=status, q=q, limit=limit, offset=offset, sort=sort)
 
 
@@ -112,6 +130,15 @@ async def get_node_history(
     if page is None:
         raise HTTPException(404, f"no node named {name!r}")
     return page
+
+
+@admin.delete("/nodes/{name}", status_code=204, responses={404: {"description": "no such node"}})
+async def delete_node(request: Request, store: StoreDep, name: NodeName) -> Response:
+    """Forget a node: the node and all its rows (reports, events) are deleted. A later report or
+    event from it starts it anew. Admin token only (``--admin-token``)."""
+    if not await db_write(request, store.forget_node(name)):
+        raise HTTPException(404, f"no node named {name!r}")
+    return Response(status_code=204)
 
 
 @reads.get("/api/v1/alerts")
@@ -164,4 +191,4 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if not failing else 503)
 
 
-routers = (ingest, reads, health)
+routers = (ingest, reads, admin, health)

@@ -24,7 +24,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oomguard._version import __version__
-from oomguard.manager import api, views
+from oomguard.manager import api, forget, pages, views
 from oomguard.manager.db import make_engine
 from oomguard.manager.health import DatabaseUnavailable, DbHealth
 from oomguard.manager.middleware import AllowedHosts, BodyLimit, Headers
@@ -84,7 +84,12 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     """The ASGI app. The schema must exist already (``oomguard.manager.db.migrate``)."""
     if store is None:
         engine = make_engine(settings.db_url, timeout_s=settings.db_timeout_s)
-        store = Store(engine, default_interval_s=settings.interval_s, retention_s=settings.retention_s)
+        store = Store(
+            engine,
+            default_interval_s=settings.interval_s,
+            retention_s=settings.retention_s,
+            forget_after_s=settings.forget_after_s,
+        )
     app = FastAPI(
         title="oomguard manager",
         version=__version__,
@@ -95,20 +100,20 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     )
     app.state.store = store
     app.state.settings = settings
-    secrets = [settings.agent_token, settings.viewer_token, *url_secrets(settings.db_url)]
+    secrets = [settings.agent_token, settings.viewer_token, settings.admin_token, *url_secrets(settings.db_url)]
     app.state.health = DbHealth(Redactor(secrets))
     app.state.sessions = Sessions(settings.viewer_token, settings.session_ttl_s)
     app.state.limiter = FailureLimiter(settings.login_burst, settings.login_refill_s)
     for exc_class in (DatabaseUnavailable, DBAPIError, PoolTimeout):
         app.add_exception_handler(exc_class, database_unavailable)
     app.add_exception_handler(RequestValidationError, validation_failed)
-    app.add_exception_handler(views.LoginRequired, views.login_redirect)
+    app.add_exception_handler(pages.LoginRequired, pages.login_redirect)
     app.add_exception_handler(StarletteHTTPException, views.http_error)  # HTML for browsers, JSON for API clients
     app.add_exception_handler(Exception, views.server_error)
     app.add_middleware(BodyLimit, max_body=settings.max_body, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AllowedHosts, hosts=settings.hosts())
     app.add_middleware(Headers)
-    for router in (*api.routers, *views.routers):
+    for router in (*api.routers, *views.routers, forget.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=views.STATIC_DIR), name="static")
     return app

@@ -9,8 +9,11 @@ What a chart library would add, drawn here in a few lines each:
   (every report of the last hour, then one an hour) is regular, so it is not taken for a gap;
 - hover values: each report has a transparent column whose ``<title>`` (the browser's tooltip)
   lists its time and the four values;
-- OOM markers: a red line at each OOM kill (the exit event that carries ``reason: oom-kill``,
-  counted once), with its time on hover.
+- OOM markers: a red dashed line under a triangle at each OOM kill (the exit event that carries
+  ``reason: oom-kill``, counted once), with its time on hover;
+- pressure-stop markers, apart: an amber solid line under a diamond at each stop of
+  ``run --guard`` (the exit event with ``reason: pressure-stop``), with its time, the working
+  set's peak and the guard margin on hover. A pressure stop is never drawn as an OOM kill.
 
 Only numbers and fixed labels go into the markup, and every label is escaped anyway. Times are UTC.
 """
@@ -58,15 +61,30 @@ def segments(points: list[Point]) -> list[list[Point]]:
     return out
 
 
-def oom_times(events: list[dict[str, Any]]) -> list[float]:
-    """When each OOM kill happened: the exit events with ``reason: oom-kill`` (receive time)."""
+def exit_events(events: list[dict[str, Any]], reason: str) -> list[tuple[float, dict[str, Any]]]:
+    """(when, event) of each exit event with *reason* (receive time, else the agent's time)."""
     out = []
     for e in events:
-        if e.get("event") == "exit" and e.get("reason") == "oom-kill":
+        if e.get("event") == "exit" and e.get("reason") == reason:
             t = parse_iso(e.get("received")) or parse_iso(e.get("time"))
             if t is not None:
-                out.append(t)
+                out.append((t, e))
     return out
+
+
+def oom_times(events: list[dict[str, Any]]) -> list[float]:
+    """When each OOM kill happened: the exit events with ``reason: oom-kill`` (receive time)."""
+    return [t for t, _ in exit_events(events, "oom-kill")]
+
+
+def stop_words(e: dict[str, Any]) -> str:
+    """What a pressure stop's event says in numbers: "working set peak 461 MiB, guard margin 64 MiB"."""
+    parts = [
+        f"{label} {format_size(e[key])}"
+        for key, label in (("working_set_peak_bytes", "working set peak"), ("guard_margin_bytes", "guard margin"))
+        if isinstance(e.get(key), int) and not isinstance(e.get(key), bool)
+    ]
+    return ", ".join(parts)
 
 
 def _bytes(v: Any) -> str:
@@ -148,6 +166,21 @@ def _ooms(f: _Frame, times: list[float]) -> list[str]:
     return parts
 
 
+def _stops(f: _Frame, stops: list[tuple[float, dict[str, Any]]]) -> list[str]:
+    """A pressure stop: a solid amber line under a diamond (an OOM kill is a dashed red one under a triangle)."""
+    parts = []
+    for t, e in stops:
+        if f.t0 <= t <= f.t0 + f.span:
+            numbers = stop_words(e)
+            x = f.x(t)
+            tip = html.escape(f"pressure stop at {_utc(t)}" + (f": {numbers}" if numbers else ""))
+            parts.append(
+                f'<g class="stop"><line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{H - BOTTOM}"/>'
+                f'<path d="M{x:.1f},{TOP} l5,6 l-5,6 l-5,-6 z"/><title>{tip}</title></g>'
+            )
+    return parts
+
+
 def memory_chart(
     history: list[dict[str, Any]], events: list[dict[str, Any]] | None = None, span_s: float = 0, now: float = 0
 ) -> str:
@@ -162,8 +195,9 @@ def memory_chart(
     step = y_step(max(values))
     f = _Frame(t0, t1, -(-max(values) // step) * step)
     parts = [f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-label="memory over time">']
-    parts += _axes(f, step) + _lines(f, points) + _ooms(f, oom_times(events or [])) + _hover(f, points)
+    markers = _ooms(f, oom_times(events or [])) + _stops(f, exit_events(events or [], "pressure-stop"))
+    parts += _axes(f, step) + _lines(f, points) + _hover(f, points) + markers
     parts.append("</svg>")
     legend = "".join(f'<span class="legend {css}">{html.escape(label)}</span>' for _, label, css in SERIES)
-    legend += '<span class="legend s-oom">OOM kill</span>'
+    legend += '<span class="legend s-oom">OOM kill</span><span class="legend s-stop">pressure stop</span>'
     return "".join(parts) + f'<div class="legends">{legend}</div>'

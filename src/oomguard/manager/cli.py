@@ -59,6 +59,14 @@ def _hosts(args: argparse.Namespace) -> tuple[str, ...] | None:
     return hosts
 
 
+def _forget_after(args: argparse.Namespace) -> float | None:
+    """``--forget-after``: a duration (default 7d); ``0`` or ``off``: never archive."""
+    text = _text(args, "forget_after") or "7d"
+    if text.strip().lower() in ("off", "never"):
+        return None
+    return parse_duration(text, "--forget-after") or None
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """Settings from the parsed flags and the token variables, checked (UsageError naming the flag)."""
     from oomguard.manager.settings import DEFAULT_DB, Settings
@@ -69,7 +77,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         port=_number(args, "port", "8080"),
         agent_token=_token(args, "agent_token", "OOMGUARD_AGENT_TOKEN"),
         viewer_token=_token(args, "viewer_token", "OOMGUARD_VIEWER_TOKEN"),
+        admin_token=_token(args, "admin_token", "OOMGUARD_ADMIN_TOKEN"),
         retention_s=parse_duration(_text(args, "retention") or "30d", "--retention"),
+        forget_after_s=_forget_after(args),
         interval_s=parse_duration(_text(args, "interval") or "30s", "--interval"),
         max_body=parse_size(_text(args, "max_body") or "1MiB", "--max-body"),
         allowed_hosts=_hosts(args),
@@ -106,7 +116,9 @@ def manager_command(args: argparse.Namespace) -> int:
     """Check the settings, migrate the database, bind the port, then serve until stopped."""
     require_extra()
     settings = settings_from(args)
-    redact = Redactor([settings.agent_token, settings.viewer_token, *url_secrets(settings.db_url)])
+    redact = Redactor(
+        [settings.agent_token, settings.viewer_token, settings.admin_token, *url_secrets(settings.db_url)]
+    )
     _migrate(settings, redact)
     from oomguard.manager import server
     from oomguard.manager.app import create_app

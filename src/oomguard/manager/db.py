@@ -36,6 +36,8 @@ nodes = Table(
     Column("first_seen_ms", BigInteger, nullable=False),
     Column("last_seen_ms", BigInteger, nullable=False),
     Column("interval_ms", BigInteger),
+    # Unused since revision 0005, always NULL: the latest report lives in ``latest_reports``, so a
+    # node row stays small and a scan of 10,000 of them stays fast (kept for the older revisions).
     Column("latest_report", Text),
     Column("effective_bytes", BigInteger),
     Column("host_total_bytes", BigInteger),
@@ -43,9 +45,27 @@ nodes = Table(
     Column("limited_by", String(16)),
     Column("runtime", String(32)),
     Column("memlock_soft_bytes", BigInteger),
-    Column("warnings", Text),  # JSON list of warning codes of the latest report
+    Column("warnings", Text),  # JSON list of warning codes of the latest report; NULL: no report ever
     Column("gpus", Text),  # JSON list of {index, name, memory_total_bytes, memory_free_bytes}
     Column("concurrency", Integer),  # the plan's concurrency, when the agent plans
+    # Revision 0005: the latest report's usage and working set (NULL: unknown, never 0) ...
+    Column("usage_bytes", BigInteger),
+    Column("working_set_bytes", BigInteger),
+    # ... when the retention pass archived the node (NULL: not archived; --forget-after) ...
+    Column("archived_ms", BigInteger),
+    # ... and its supervisor's last sign of life: the receive time of its latest event or
+    # heartbeat, and the heartbeat interval the supervisor announced (NULL: the default, 60 s).
+    Column("last_event_ms", BigInteger),
+    Column("heartbeat_interval_ms", BigInteger),
+    Index("ix_nodes_archived", "archived_ms"),
+)
+
+latest_reports = Table(  # revision 0005: each node's latest report, whole (the node page's "latest")
+    "latest_reports",
+    metadata,
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    Column("received_ms", BigInteger, nullable=False),
+    Column("report", Text, nullable=False),
 )
 
 reports = Table(

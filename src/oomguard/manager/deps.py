@@ -3,8 +3,10 @@
 
 Agents write with ``Authorization: Bearer <agent token>``, readers with the viewer token in the
 header, or with the session cookie that ``/login`` sets (``oomguard.manager.sessions``). A role
-without a token is open (allowed only on loopback, see Settings.check). Tokens are compared in
-constant time; a client's failed tokens are limited (429 once its bucket is empty).
+without a token is open (allowed only on loopback, see Settings.check). The operator's admin
+token (forgetting a node) is the exception: without one configured, nothing may do it (403).
+Tokens are compared in constant time; a client's failed tokens are limited (429 once its bucket
+is empty), the admin token's with the others.
 
 Every database wait is bounded by ``request_timeout_s``: a hung database gets a 503 in time,
 while the stuck thread is left to finish on its own (a write that commits after its 503 is
@@ -98,6 +100,29 @@ def viewer_ok(request: Request, authorization: str | None, cookie: str | None) -
         return checked(request, lambda: token_ok(settings.viewer_token, given))
     sessions: Sessions = request.app.state.sessions
     return sessions.valid(cookie)
+
+
+def admin_ok(request: Request, token: str | None) -> bool:
+    """True when *token* is the manager's admin token (constant time, under the client's failure
+    limit: 429 while it is spent); False when it is not, or when the manager has none."""
+    expected = get_settings(request).admin_token
+    if expected is None:
+        return False
+    return checked(request, lambda: token_ok(expected, token))
+
+
+NO_ADMIN_TOKEN = (
+    "this manager has no admin token: forgetting nodes is disabled (start it with --admin-token "
+    "or OOMGUARD_ADMIN_TOKEN)"
+)
+
+
+def require_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """Operator actions (forgetting a node): the admin token; 403 when the manager has none."""
+    if get_settings(request).admin_token is None:
+        raise HTTPException(403, NO_ADMIN_TOKEN)
+    if not admin_ok(request, bearer(authorization)):
+        raise _unauthorized()
 
 
 def require_agent(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:

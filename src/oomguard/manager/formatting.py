@@ -6,7 +6,10 @@ One formatter per kind of value, used by every template:
   hover (``<time title=...>``); the page refreshes its live part, so the words stay current;
 - ``size``: bytes in binary units; ``yesno``: a boolean in words ("yes", "no", "unknown");
 - ``gpus``: a node's GPUs summarised ("8× H100 80 GiB"), not one name per GPU;
-- ``timed``: free text (an alert's message) with every ISO time in it shown by ``when``.
+- ``timed``: free text (an alert's message) with every ISO time in it shown by ``when``;
+- ``pct``: a percentage with one decimal ("41.6%"), "unknown" when there is none (never "0%");
+- ``reason``: an exit reason in words ("OOM kill", "pressure stop", ...);
+- ``plural``: "1 stop", "2 stops".
 
 Every filter escapes what it is given (Jinja2's ``escape``) and returns ``Markup`` only for markup
 it built itself; anything unexpected becomes "-" (never raises).
@@ -80,6 +83,45 @@ def number(value: Any) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
+def pct(value: Any) -> str:
+    """41.56 -> "41.6%"; "unknown" for None or anything that is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or math.isinf(value):
+        return "unknown"
+    return f"{value:.1f}%"
+
+
+REASONS = {  # the supervisor's exit reasons (oomguard.supervisor.exits), in words
+    "oom-kill": "OOM kill",
+    "pressure-stop": "pressure stop",
+    "signal": "ended by a signal",
+    "exit": "exited with an error",
+    "clean": "exited cleanly",
+}
+
+
+AFTER = {  # the same reasons on the restart or give-up event that follows the exit
+    "oom-kill": "after an OOM kill",
+    "pressure-stop": "after a pressure stop",
+    "signal": "after a signal",
+    "exit": "after an error exit",
+    "clean": "after a clean exit",
+}
+
+
+def reason(value: Any, after: bool = False) -> str:
+    """An exit reason in words (*after*: as a later event words it); an unknown one as given
+    (the template escapes it)."""
+    if not isinstance(value, str):
+        return "-"
+    return (AFTER if after else REASONS).get(value, value)
+
+
+def plural(count: Any, noun: str) -> str:
+    """ "1 stop", "2 stops", "0 stops"."""
+    n = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def gpus(items: Any) -> str:
     """ "8× H100 80 GiB", "2× A10 24 GiB, 1× T4 16 GiB"; "-" for none. Same name and size count together."""
     if not isinstance(items, list) or not items:
@@ -110,4 +152,15 @@ def group_alerts(alerts: list[dict[str, Any]], show_all: str = "") -> list[dict[
     return sorted(groups, key=lambda g: (g["severity"] != "critical", -g["count"], g["kind"]))
 
 
-FILTERS = {"size": size, "ago": when, "when": when, "timed": timed, "yesno": yesno, "number": number, "gpus": gpus}
+FILTERS = {
+    "size": size,
+    "ago": when,
+    "when": when,
+    "timed": timed,
+    "yesno": yesno,
+    "number": number,
+    "gpus": gpus,
+    "pct": pct,
+    "reason": reason,
+    "plural": plural,
+}

@@ -5,6 +5,9 @@
 database, by kind (``oomguard.manager.health.KINDS``; every kind is present from the start, at 0,
 so a rate() over it works before the first failure). When the database cannot be read, /metrics
 still answers with these (and ``oomguard_manager_database_up 0``), without the node series.
+
+A node's gauge whose value is unknown (a report without usage, say) has no sample, never NaN or
+0; archived nodes have no series at all.
 """
 
 from __future__ import annotations
@@ -22,6 +25,16 @@ GAUGES = (
     ("oomguard_memory_host_total_bytes", "host_total_bytes", "MemTotal seen by the node (the host's RAM)."),
     ("oomguard_budget_bytes", "budget_bytes", "The memory budget the node computed."),
     ("oomguard_memlock_soft_bytes", "memlock_soft_bytes", "RLIMIT_MEMLOCK soft limit (+Inf: unlimited)."),
+    (
+        "oomguard_memory_usage_bytes",
+        "usage_bytes",
+        "memory.current (v2) or memory.usage_in_bytes (v1) of the node's group, latest report; page cache included.",
+    ),
+    (
+        "oomguard_memory_working_set_bytes",
+        "working_set_bytes",
+        "Working set of the node's group, latest report: usage minus inactive_file (as the kubelet computes it).",
+    ),
 )
 
 
@@ -52,12 +65,16 @@ class _Nodes:
         seen = GaugeMetricFamily(
             "oomguard_node_last_seen_timestamp_seconds", "Time of the node's last report.", labels=["node"]
         )
-        up = GaugeMetricFamily("oomguard_node_up", "1 while the node reports, 0 once it is offline.", labels=["node"])
+        up = GaugeMetricFamily(
+            "oomguard_node_up",
+            "1 while the node reports (or, run-only, its supervisor's heartbeat arrives), 0 once it is offline.",
+            labels=["node"],
+        )
         for r in self.rows:
             c.add_metric([r["name"]], float(r["oom_kills_total"] or 0))
             stops.add_metric([r["name"]], float(r.get("pressure_stops_total") or 0))
             seen.add_metric([r["name"]], r["last_seen_ms"] / 1000)
-            up.add_metric([r["name"]], 1.0 if r["status"] == "online" else 0.0)
+            up.add_metric([r["name"]], 1.0 if r["status"] in ("online", "run-only") else 0.0)
         yield c
         yield stops
         yield seen

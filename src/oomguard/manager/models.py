@@ -93,7 +93,10 @@ class ReportEnvelope(BaseModel):
 
 
 class EventIn(_Open):
-    event: Literal["start", "exit", "restart", "give-up", "stop"]
+    """A supervisor event; ``heartbeat`` (with the supervisor's ``interval_s``) is stored as no
+    row, it only keeps a node known from run events alone (run-only) from going offline."""
+
+    event: Literal["start", "exit", "restart", "give-up", "stop", "heartbeat"]
     time: Annotated[str, Field(max_length=64)] | None = None
     pid: SmallInt | None = None
     budget_bytes: Bytes | None = None
@@ -105,6 +108,7 @@ class EventIn(_Open):
     delay_s: Finite | None = None
     peak_bytes: Bytes | None = None
     message: Annotated[str, Field(max_length=4000)] | None = None
+    interval_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] | None = None
 
 
 class EventEnvelope(BaseModel):

@@ -2,8 +2,14 @@
 
 - reports younger than an hour (by receive time) are kept whole; older ones, the first of each
   node and clock hour;
-- reports and events older than the retention (``--retention``, 30 days) go, except OOM kills,
-  which are kept for ever (they are the history oomguard exists to show).
+- reports and events older than the retention (``--retention``, 30 days) go, except the events
+  of OOM kills and pressure stops, which are kept for ever (they are the history oomguard
+  exists to show, and ``oomguard_oom_kills_total`` / ``oomguard_pressure_stops_total`` count them,
+  counters that must not go down);
+- nodes silent for longer than ``--forget-after`` (7 days; ``off`` never) are archived: nothing
+  from them (no report, no event, no heartbeat) since then. They leave the list, the cards, the
+  alerts and /metrics; their rows stay (under the retention above) and the node comes back with
+  its next report, event or heartbeat. Forgetting a node for good is ``DELETE /api/v1/nodes/NAME``.
 
 A pass runs off the ingest path: on its own connection, never on the writer thread, in small
 transactions (``nodes_per_batch`` nodes, at most ``rows_per_batch`` rows per statement), each
@@ -31,7 +37,21 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from sqlalchemy import BigInteger, Column, Connection, Engine, String, Table, and_, delete, func, or_, select, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    String,
+    Table,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -40,6 +60,8 @@ from oomguard.manager.times import now_ms
 
 HOUR_MS = 3_600_000
 FULL_RESOLUTION_MS = HOUR_MS  # history younger than this is kept whole; older, one report per node and hour
+FORGET_AFTER_S = 7 * 86400.0  # --forget-after's default
+KEPT_REASONS = ("oom-kill", "pressure-stop")  # events of these reasons are never expired
 LOCK_KEY = 7220452  # PostgreSQL advisory lock of the pass (the migrations' is 7220451)
 KINDS = ("expired_reports", "thinned_reports", "expired_events")
 
@@ -68,8 +90,8 @@ def _batch(conn: Connection, ids: list[int], cuts: _Cuts, rows: int) -> dict[str
     window = and_(mine, reports.c.received_ms >= lo, reports.c.received_ms < cut_full)
     keep = select(func.min(reports.c.id)).where(window).group_by(reports.c.node_id, reports.c.received_ms // HOUR_MS)
     extra = select(reports.c.id).where(window, reports.c.id.not_in(keep)).limit(rows)
-    not_oom = or_(events.c.reason.is_(None), events.c.reason != "oom-kill")
-    old_events = select(events.c.id).where(events.c.node_id.in_(ids), events.c.received_ms < cut_old, not_oom)
+    expiring = or_(events.c.reason.is_(None), events.c.reason.not_in(KEPT_REASONS))
+    old_events = select(events.c.id).where(events.c.node_id.in_(ids), events.c.received_ms < cut_old, expiring)
     return {
         "expired_reports": conn.execute(delete(reports).where(reports.c.id.in_(old))).rowcount,
         "thinned_reports": conn.execute(delete(reports).where(reports.c.id.in_(extra))).rowcount,
@@ -85,6 +107,7 @@ class Retention:
         engine: Engine,
         retention_ms: int,
         *,
+        forget_after_ms: int | None = None,
         nodes_per_batch: int = 25,
         rows_per_batch: int = 1000,
         pause_s: float = 0.005,
@@ -92,6 +115,7 @@ class Retention:
     ) -> None:
         self.engine = engine
         self.retention_ms = retention_ms
+        self.forget_after_ms = forget_after_ms  # None: nodes are never archived
         self.nodes_per_batch = nodes_per_batch
         self.rows_per_batch = rows_per_batch
         self.pause_s = pause_s
@@ -101,24 +125,43 @@ class Retention:
         self._mutex = threading.Lock()
 
     def run(self, now: int | None = None) -> dict[str, int]:
-        """One pass: the rows it removed by kind, its ``batches``, and ``skipped`` (1: another replica's turn)."""
+        """One pass: the rows it removed by kind, the nodes it archived, its ``batches``, and
+        ``skipped`` (1: another replica's turn)."""
         now = now_ms() if now is None else now
         cut_old, cut_full = now - self.retention_ms, now - FULL_RESOLUTION_MS
         started = time.monotonic()
         with self._mutex, self.engine.connect() as conn:
             if not self._lock(conn):
                 log.info("retention pass skipped: another replica holds the lock")
-                return {**dict.fromkeys(KINDS, 0), "batches": 0, "skipped": 1}
+                return {**dict.fromkeys(KINDS, 0), "archived_nodes": 0, "batches": 0, "skipped": 1}
             try:
                 below = conn.execute(select(state.c.value_ms).where(state.c.name == "thinned_below")).scalar()
                 conn.rollback()
                 lo = 0 if below is None else min(int(below), cut_full) // HOUR_MS * HOUR_MS
                 totals = self._batches(conn, _Cuts(cut_old, cut_full, lo))
                 self._mark(conn, max(cut_full, int(below or 0)))
+                totals["archived_nodes"] = self._archive(conn, now)
             finally:
                 self._unlock(conn)
         log.info("retention pass: %s in %.2f s", totals, time.monotonic() - started)
         return {**totals, "skipped": 0}
+
+    def _archive(self, conn: Connection, now: int) -> int:
+        """Archive the nodes silent since ``now - forget_after_ms`` (one statement; a node whose
+        report or event commits meanwhile is re-checked by the database and left alone)."""
+        if not self.forget_after_ms:
+            return 0
+        cut = now - self.forget_after_ms
+        silent = and_(
+            nodes.c.archived_ms.is_(None),
+            nodes.c.last_seen_ms < cut,
+            or_(nodes.c.last_event_ms.is_(None), nodes.c.last_event_ms < cut),
+        )
+        with conn.begin():
+            archived = conn.execute(update(nodes).where(silent).values(archived_ms=now)).rowcount
+        if archived:
+            log.info("retention pass: archived %d node(s) silent for --forget-after", archived)
+        return int(archived)
 
     def _mark(self, conn: Connection, thinned_below: int) -> None:
         """Remember where this pass's thinning ended, for the next pass (of any replica)."""
@@ -188,4 +231,4 @@ class RetentionThread:
             self.run_once()
 
 
-__all__ = ["FULL_RESOLUTION_MS", "LOCK_KEY", "Retention", "RetentionThread"]
+__all__ = ["FORGET_AFTER_S", "FULL_RESOLUTION_MS", "KEPT_REASONS", "LOCK_KEY", "Retention", "RetentionThread"]

@@ -45,7 +45,9 @@ class Settings:
     port: int = 8080
     agent_token: str | None = None
     viewer_token: str | None = None
+    admin_token: str | None = None  # the operator's: forgetting nodes (none: nobody may)
     retention_s: float = 30 * 86400.0
+    forget_after_s: float | None = 7 * 86400.0  # archive nodes silent this long; None: never
     interval_s: float = 30.0  # the agents' default interval, for offline detection
     max_body: int = MiB
     thin_every_s: float = 600.0
@@ -79,10 +81,17 @@ class Settings:
                 f"manager: refusing to listen on {self.host}, which is not a loopback address, without both "
                 "--agent-token and --viewer-token (or OOMGUARD_AGENT_TOKEN / OOMGUARD_VIEWER_TOKEN)"
             )
-        for flag, token in (("--agent-token", self.agent_token), ("--viewer-token", self.viewer_token)):
+        tokens = (
+            ("--agent-token", self.agent_token),
+            ("--viewer-token", self.viewer_token),
+            ("--admin-token", self.admin_token),
+        )
+        for flag, token in tokens:
             self._check_token(flag, token, loopback)
-        if self.agent_token is not None and self.agent_token == self.viewer_token:
-            raise UsageError("manager: --agent-token and --viewer-token must differ")
+        for i, (flag, token) in enumerate(tokens):
+            for other, token2 in tokens[i + 1 :]:
+                if token is not None and token == token2:
+                    raise UsageError(f"manager: {flag} and {other} must differ")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port: must be 1 to 65535, got {self.port}")
         if self.max_body < 1024:

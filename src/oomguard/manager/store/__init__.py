@@ -6,9 +6,11 @@ bound parameters only.
   every row is stamped with the manager's receive time, the agent's time kept beside it;
 - ``queries``: the node list, a node's detail, the dashboard's cards, metric rows; ``history``:
   a node's history, downsampled for charts or a page at a time;
-- the policies beside it: ``oomguard.manager.alerts`` (offline, alerts) and
-  ``oomguard.manager.retention`` (what history is kept: its own connection, small batches, one
-  replica at a time on PostgreSQL).
+- the policies beside it: ``oomguard.manager.alerts`` (statuses, alerts) and
+  ``oomguard.manager.retention`` (what history is kept, which silent nodes are archived: its own
+  connection, small batches, one replica at a time on PostgreSQL);
+- ``forget_node``: a node and all its rows deleted, on the writer thread (the admin token is the
+  caller's to check).
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from sqlalchemy import Engine
 
 from oomguard.manager import alerts
 from oomguard.manager.models import EventEnvelope, ReportEnvelope
-from oomguard.manager.retention import Retention
+from oomguard.manager.retention import FORGET_AFTER_S, Retention
 from oomguard.manager.store import queries
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
-from oomguard.manager.store.queries import SORT_KEYS
+from oomguard.manager.store.queries import DEFAULT_SORT, SORT_KEYS
 from oomguard.manager.store.writer import Writer
 from oomguard.manager.times import now_ms
 
@@ -40,6 +42,7 @@ class Store:
         *,
         default_interval_s: float = 30.0,
         retention_s: float = 30 * 86400,
+        forget_after_s: float | None = FORGET_AFTER_S,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.engine = engine
@@ -47,7 +50,8 @@ class Store:
         self.retention_ms = int(retention_s * 1000)
         self.clock = clock
         self._writer = Writer(engine, clock)
-        self.retention = Retention(engine, self.retention_ms)
+        forget_ms = int(forget_after_s * 1000) if forget_after_s else None
+        self.retention = Retention(engine, self.retention_ms, forget_after_ms=forget_ms)
 
     # -- writes --------------------------------------------------------------------------------
     async def ingest_report_async(self, env: ReportEnvelope, report_json: str, sent_ms: int | None = None) -> bool:
@@ -59,15 +63,23 @@ class Store:
         """Store an event (received now); False when its id was stored before."""
         return await self._writer.event(env, body_json)
 
+    async def forget_node(self, name: str) -> bool:
+        """Delete the node *name* and all its rows (reports, events); False when there is no such
+        node. A later report or event from it starts it anew. The caller checks the admin token."""
+        return await self._writer.forget(name)
+
     def thin(self, now: int | None = None) -> dict[str, int]:
         """One retention pass (see ``oomguard.manager.retention``): the rows it removed, by kind,
-        its ``batches``, and ``skipped`` (1 when another replica's pass holds the lock)."""
+        the nodes it archived (``archived_nodes``), its ``batches``, and ``skipped`` (1 when
+        another replica's pass holds the lock)."""
         return self.retention.run(self.clock() if now is None else now)
 
     # -- reads ---------------------------------------------------------------------------------
     def list_nodes(
         self, *, status: str | None = None, q: str | None = None, limit: int = 100, offset: int = 0, sort: str = "name"
     ) -> dict[str, Any]:
+        """A page of node summaries: *status* one of ``alerts.STATUSES`` (None: every node not
+        archived), *q* a part of the name, *sort* a key of ``SORT_KEYS`` (``-`` for descending)."""
         with self.engine.connect() as conn:
             return queries.list_nodes(
                 conn, self.clock(), self.default_interval_ms, status=status, q=q, limit=limit, offset=offset, sort=sort
@@ -115,4 +127,4 @@ class Store:
             return queries.metric_rows(conn, self.clock(), self.default_interval_ms)
 
 
-__all__ = ["HISTORY_CURSOR_PATTERN", "HISTORY_POINTS", "SORT_KEYS", "Store"]
+__all__ = ["DEFAULT_SORT", "HISTORY_CURSOR_PATTERN", "HISTORY_POINTS", "SORT_KEYS", "Store"]

@@ -1,9 +1,14 @@
 """The read side: the node list, one node's detail and history, the dashboard's cards, metric rows.
 
-Plain functions of a connection and the time ``now`` (epoch ms); the node status (online or
-offline) is the alert policy's rule (``oomguard.manager.alerts.node_status``), on the receive
-time of the node's latest report. Every answer is bounded: a node's history comes downsampled
-or a page at a time (``oomguard.manager.store.history``).
+Plain functions of a connection and the time ``now`` (epoch ms); the node status (online,
+offline, run-only, archived) is the alert policy's rule (``oomguard.manager.alerts.node_status``),
+on the receive time of the node's latest report (or, for a node known only from ``run`` events,
+of its supervisor's latest event or heartbeat). Archived nodes leave the list (unless asked for
+with ``status=archived``), the cards and the metrics. Every answer is bounded: a node's history
+comes downsampled or a page at a time (``oomguard.manager.store.history``).
+
+The per-node counts (OOM kills and pressure stops of the last day and hour, open alerts) come
+from one grouped subquery of the last day's exit events, joined: never one query per row.
 """
 
 from __future__ import annotations
@@ -11,16 +16,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, and_, case, func, select
 
-from oomguard.manager.alerts import node_status
-from oomguard.manager.db import events, nodes
+from oomguard.manager.alerts import alert_count, node_status, recent_exits
+from oomguard.manager.db import events, latest_reports, nodes
 from oomguard.manager.store import columns as _columns  # noqa: F401  (nodes.clock_skew_ms)
 from oomguard.manager.store import history
 from oomguard.manager.times import iso_ms
 
 DAY_MS = 24 * 3_600_000
 SORT_KEYS = (
+    "risk",
     "name",
     "status",
     "last_seen",
@@ -29,24 +35,61 @@ SORT_KEYS = (
     "budget_bytes",
     "memlock_soft_bytes",
     "oom_kills_24h",
+    "pressure_stops_24h",
+    "working_set_pct",
+    "alerts",
     "runtime",
 )
+DEFAULT_SORT = "risk"  # the API's and the dashboard's: who is about to OOM first
 HISTORY_COLUMNS = history.COLUMNS
 
 
-def _ooms_today(now: int) -> Any:
-    # One OOM kill is one exit event: the restart or give-up event after it carries the same reason.
-    return and_(events.c.kind == "exit", events.c.reason == "oom-kill", events.c.received_ms > now - DAY_MS)
-
-
 def _filters(status: Any, state: str | None, q: str | None) -> list[Any]:
-    conds = []
-    if state:
-        conds.append(status == state)
+    """The list's conditions: the status asked for, else every node not archived; the name filter."""
+    conds = [status == state] if state else [nodes.c.archived_ms.is_(None)]
     if q:
         escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         conds.append(nodes.c.name.like(f"%{escaped}%", escape="\\"))
     return conds
+
+
+def _counted(now: int, interval_ms: int, node_ids: list[int] | None = None) -> tuple[Any, list[Any]]:
+    """(nodes outer-joined with their recent exit counts (of *node_ids*, or all), the summary's
+    computed columns)."""
+    recent = recent_exits(now, node_ids)
+    status = node_status(now, interval_ms)
+    computed = [
+        status.label("status"),
+        func.coalesce(recent.c.oom_24h, 0).label("oom_kills_24h"),
+        func.coalesce(recent.c.stops_24h, 0).label("pressure_stops_24h"),
+        alert_count(status, func.coalesce(recent.c.oom_1h, 0), func.coalesce(recent.c.stops_1h, 0)).label("alerts"),
+    ]
+    return nodes.outerjoin(recent, recent.c.node_id == nodes.c.id), computed
+
+
+def _working_set_ratio() -> Any:
+    """SQL: working set over the effective limit; NULL when either is unknown or the limit is 0."""
+    return nodes.c.working_set_bytes * 100.0 / func.nullif(nodes.c.effective_bytes, 0)
+
+
+def _order(sort: str, computed: dict[str, Any]) -> list[Any]:
+    """ORDER BY for *sort* (a key of SORT_KEYS, ``-`` for descending), then by name.
+
+    ``risk``: OOM kills in 24 h, then working set over limit (unknown last), then alerts, each
+    highest first; ``-risk`` reverses the three. ``working_set_pct`` puts unknown last both ways."""
+    key, desc = sort.lstrip("-"), sort.startswith("-")
+    ratio = _working_set_ratio()
+    unknown = case((ratio.is_(None), 1), else_=0)
+    if key == "risk":
+        keys = [computed["oom_kills_24h"], ratio, computed["alerts"]]
+        if desc:  # reversed: the least risky first, unknown working set first
+            return [keys[0].asc(), unknown.desc(), ratio.asc(), keys[2].asc(), nodes.c.name.asc()]
+        return [keys[0].desc(), unknown.asc(), ratio.desc(), keys[2].desc(), nodes.c.name.asc()]
+    if key == "working_set_pct":
+        return [unknown.asc(), ratio.desc() if desc else ratio.asc(), nodes.c.name.asc()]
+    special = {**computed, "last_seen": nodes.c.last_seen_ms}
+    column = special[key] if key in special else nodes.c[key]
+    return [column.desc() if desc else column.asc(), nodes.c.name.asc()]
 
 
 def list_nodes(
@@ -60,32 +103,40 @@ def list_nodes(
     offset: int,
     sort: str,
 ) -> dict[str, Any]:
-    """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match."""
-    st = node_status(now, interval_ms).label("status")
-    # OOM kills per node in the last day, counted once and joined (not a subquery per row).
-    counts = (
-        select(events.c.node_id, func.count(events.c.id).label("n")).where(_ooms_today(now)).group_by(events.c.node_id)
-    ).subquery()
-    oom = func.coalesce(counts.c.n, 0).label("oom_kills_24h")
+    """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match.
+
+    Two steps: the page's node ids, sorted over every node that matches (only the sort keys go
+    through the sort), then the summaries of those ids alone."""
+    joined, computed = _counted(now, interval_ms)
     conds = _filters(node_status(now, interval_ms), status, q)
-    key = sort.lstrip("-")
-    special: dict[str, Any] = {"status": st, "oom_kills_24h": oom, "last_seen": nodes.c.last_seen_ms}
-    column = special[key] if key in special else nodes.c[key]
-    summary_columns = [c for c in nodes.c if c.name != "latest_report"]  # not the 2 KB report per row
-    rows_q = (
-        select(*summary_columns, st, oom)
-        .select_from(nodes.outerjoin(counts, counts.c.node_id == nodes.c.id))
-        .where(*conds)
-        .order_by(column.desc() if sort.startswith("-") else column.asc(), nodes.c.name.asc())
-        .limit(limit)
-        .offset(offset)
-    )
+    page = select(nodes.c.id).select_from(joined).where(*conds)
+    page = page.order_by(*_order(sort, {c.name: c for c in computed})).limit(limit).offset(offset)
+    ids = [int(i) for i in conn.execute(page).scalars()]
     total = int(conn.execute(select(func.count(nodes.c.id)).where(*conds)).scalar_one())
-    rows = conn.execute(rows_q).mappings().all()
-    return {"nodes": [_summary(r) for r in rows], "total": total, "limit": limit, "offset": offset}
+    rows = {}
+    if ids:
+        joined, computed = _counted(now, interval_ms, ids)
+        summary_columns = [c for c in nodes.c if c.name != "latest_report"]  # NULL since 0005 (latest_reports)
+        found = select(*summary_columns, *computed).select_from(joined).where(nodes.c.id.in_(ids))
+        rows = {int(r["id"]): r for r in conn.execute(found).mappings()}
+    return {
+        "nodes": [_summary(rows[i]) for i in ids if i in rows],
+        "total": total,
+        "limit": limit,
+        "offset": offset,
+    }
+
+
+def working_set_pct(working_set: int | None, effective: int | None) -> float | None:
+    """Working set over the effective limit, in percent to one decimal; None when either is
+    unknown or the limit is 0."""
+    if working_set is None or not effective:
+        return None
+    return round(working_set * 100 / effective, 1)
 
 
 def _summary(r: Any) -> dict[str, Any]:
+    warnings = json.loads(r["warnings"]) if r["warnings"] else []
     return {
         "name": r["name"],
         "status": r["status"],
@@ -93,12 +144,18 @@ def _summary(r: Any) -> dict[str, Any]:
         "effective_bytes": r["effective_bytes"],
         "host_total_bytes": r["host_total_bytes"],
         "budget_bytes": r["budget_bytes"],
+        "usage_bytes": r["usage_bytes"],
+        "working_set_bytes": r["working_set_bytes"],
+        "working_set_pct": working_set_pct(r["working_set_bytes"], r["effective_bytes"]),
         "limited_by": r["limited_by"],
         "runtime": r["runtime"],
         "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
         "memlock_soft_bytes": r["memlock_soft_bytes"],
         "oom_kills_24h": int(r["oom_kills_24h"] or 0),
-        "warnings": json.loads(r["warnings"]) if r["warnings"] else [],
+        "pressure_stops_24h": int(r["pressure_stops_24h"] or 0),
+        "alerts": int(r["alerts"] or 0),
+        "warnings": warnings,
+        "warnings_count": len(warnings),
         "concurrency": r["concurrency"],
         "clock_skew_s": None if r["clock_skew_ms"] is None else r["clock_skew_ms"] / 1000,
     }
@@ -115,16 +172,15 @@ def _events(conn: Connection, node_id: int, limit: int) -> list[dict[str, Any]]:
 
 
 def _node_row(conn: Connection, now: int, interval_ms: int, name: str) -> Any:
-    oom_24h = select(func.count(events.c.id)).where(and_(events.c.node_id == nodes.c.id, _ooms_today(now)))
-    return (
-        conn.execute(
-            select(
-                nodes, node_status(now, interval_ms).label("status"), oom_24h.scalar_subquery().label("oom_kills_24h")
-            ).where(nodes.c.name == name)
-        )
-        .mappings()
-        .first()
+    node_id = conn.execute(select(nodes.c.id).where(nodes.c.name == name)).scalar()
+    if node_id is None:
+        return None
+    joined, computed = _counted(now, interval_ms, [int(node_id)])
+    whole = latest_reports.c.report.label("latest_json")
+    query = select(nodes, *computed, whole).select_from(
+        joined.outerjoin(latest_reports, latest_reports.c.node_id == nodes.c.id)
     )
+    return conn.execute(query.where(nodes.c.id == node_id)).mappings().first()
 
 
 def node_detail(
@@ -144,7 +200,7 @@ def node_detail(
     if row is None:
         return None
     out = _summary(row)
-    out["latest"] = json.loads(row["latest_report"]) if row["latest_report"] else None
+    out["latest"] = json.loads(row["latest_json"]) if row["latest_json"] else None
     out["history"], out["history_count"] = history.series(conn, row["id"], history_points, history_since_ms)
     out["events"] = _events(conn, row["id"], events_limit)
     return out
@@ -159,38 +215,50 @@ def node_history(conn: Connection, name: str, limit: int, before: tuple[int, int
 
 
 def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
-    """The dashboard's cards: nodes online and offline, their total effective memory, OOM kills today."""
+    """The dashboard's cards: nodes by status (``online``, ``offline``, ``run_only``, and
+    ``archived``, which the other cards leave out), the total effective memory of the nodes not
+    archived, and their OOM kills and pressure stops of the last day (each counted once)."""
     status = node_status(now, interval_ms)
-    out = {"online": 0, "offline": 0, "effective_bytes": 0}
+    out = {"online": 0, "offline": 0, "run_only": 0, "archived": 0, "effective_bytes": 0}
     per_status = select(status, func.count(nodes.c.id), func.coalesce(func.sum(nodes.c.effective_bytes), 0))
     for st, count, total in conn.execute(per_status.group_by(status)).all():
-        out[st] = int(count)
-        out["effective_bytes"] += int(total)
-    out["oom_kills_24h"] = int(conn.execute(select(func.count(events.c.id)).where(_ooms_today(now))).scalar_one())
+        out[str(st).replace("-", "_")] = int(count)
+        if st != "archived":
+            out["effective_bytes"] += int(total)
+    recent = recent_exits(now)
+    ooms, stops = conn.execute(
+        select(func.coalesce(func.sum(recent.c.oom_24h), 0), func.coalesce(func.sum(recent.c.stops_24h), 0))
+        .select_from(recent.join(nodes, nodes.c.id == recent.c.node_id))
+        .where(nodes.c.archived_ms.is_(None))
+    ).one()
+    out["oom_kills_24h"], out["pressure_stops_24h"] = int(ooms), int(stops)
     return out
 
 
+def _total(reason: str) -> Any:
+    """SQL: the node's exit events of *reason* over all the history kept."""
+    mine = and_(events.c.node_id == nodes.c.id, events.c.kind == "exit", events.c.reason == reason)
+    return select(func.count(events.c.id)).where(mine).scalar_subquery()
+
+
 def metric_rows(conn: Connection, now: int, interval_ms: int) -> list[dict[str, Any]]:
-    """Each node's numbers for /metrics, by name; OOM kills counted over all the history kept."""
-    total_ooms = (
-        select(func.count(events.c.id))
-        .where(and_(events.c.node_id == nodes.c.id, events.c.kind == "exit", events.c.reason == "oom-kill"))
-        .scalar_subquery()
+    """The numbers of each node not archived, for /metrics, by name; OOM kills and pressure stops
+    counted over all the history kept."""
+    query = (
+        select(
+            nodes.c.name,
+            nodes.c.effective_bytes,
+            nodes.c.host_total_bytes,
+            nodes.c.budget_bytes,
+            nodes.c.memlock_soft_bytes,
+            nodes.c.usage_bytes,
+            nodes.c.working_set_bytes,
+            nodes.c.last_seen_ms,
+            node_status(now, interval_ms).label("status"),
+            _total("oom-kill").label("oom_kills_total"),
+            _total("pressure-stop").label("pressure_stops_total"),
+        )
+        .where(nodes.c.archived_ms.is_(None))
+        .order_by(nodes.c.name)
     )
-    pressure_stops = (
-        select(func.count(events.c.id))
-        .where(and_(events.c.node_id == nodes.c.id, events.c.kind == "exit", events.c.reason == "pressure-stop"))
-        .scalar_subquery()
-    )
-    query = select(
-        nodes.c.name,
-        nodes.c.effective_bytes,
-        nodes.c.host_total_bytes,
-        nodes.c.budget_bytes,
-        nodes.c.memlock_soft_bytes,
-        nodes.c.last_seen_ms,
-        node_status(now, interval_ms).label("status"),
-        total_ooms.label("oom_kills_total"),
-        pressure_stops.label("pressure_stops_total"),
-    ).order_by(nodes.c.name)
     return [dict(r) for r in conn.execute(query).mappings().all()]

@@ -4,12 +4,18 @@ Times: ``received_ms`` is the manager's own clock when the request arrived; offl
 ordering and retention use it. The agent's time is kept as reported (a report's ``agent_ms``, an
 event's ``time``), and a report's agent time minus its receive time is its node's clock skew.
 
-A report is one history row plus the node's latest values; the reports of a batch are written
-with a handful of statements (node ids, one insert, one update). Each write is idempotent by its
+A report is one history row, the node's latest values, and its whole JSON in ``latest_reports``
+(apart, so that node rows stay small); the reports of a batch are written with a handful of
+statements (node ids, one insert, one update, one upsert). Each write is idempotent by its
 ingest id, between replicas on one PostgreSQL too: the insert is ``ON CONFLICT (ingest_id) DO
 NOTHING ... RETURNING``, so when two replicas store the same id at once, one stores it and the
 other answers ``False`` (PostgreSQL's unique index waits for the first to commit or roll back).
 Rows are written in one order (node names, ingest ids, node ids) so replicas never deadlock.
+
+An event, and a heartbeat (which is no row: ``oomguard run --manager``'s supervisor saying it is
+alive), stamp the node's ``last_event_ms``; for a node no agent ever reported, its last-seen time
+too (the run-only status). A report, event or heartbeat un-archives its node. ``forget`` deletes
+a node and its rows on the same writer thread, so no write of it can interleave.
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, func, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from oomguard.manager.db import events, nodes, reports
+from oomguard.manager.db import events, latest_reports, nodes, reports
 from oomguard.manager.models import EventEnvelope, ReportEnvelope
 from oomguard.manager.store import columns as _columns  # noqa: F401  (reports.agent_ms, nodes.clock_skew_ms)
 from oomguard.manager.store.commit import GroupCommitter
@@ -30,14 +36,22 @@ from oomguard.manager.times import now_ms
 
 _LATEST = (  # the node's latest values, unless a report received later got there first
     update(nodes)
-    .where(and_(nodes.c.id == bindparam("b_id"), nodes.c.last_seen_ms <= bindparam("b_t")))
+    .where(
+        and_(
+            nodes.c.id == bindparam("b_id"),
+            # A node's first report always lands, even when run events (another replica's clock) came later.
+            or_(nodes.c.last_seen_ms <= bindparam("b_t"), nodes.c.warnings.is_(None)),
+        )
+    )
     .values(
         last_seen_ms=bindparam("b_t"),
+        archived_ms=None,  # a node that reports again is back
         clock_skew_ms=bindparam("b_skew"),
-        latest_report=bindparam("b_report"),
         effective_bytes=bindparam("b_effective"),
         host_total_bytes=bindparam("b_host"),
         budget_bytes=bindparam("b_budget"),
+        usage_bytes=bindparam("b_usage"),
+        working_set_bytes=bindparam("b_working_set"),
         limited_by=bindparam("b_limited_by"),
         runtime=bindparam("b_runtime"),
         memlock_soft_bytes=bindparam("b_memlock"),
@@ -53,13 +67,14 @@ _LATEST = (  # the node's latest values, unless a report received later got ther
 class _ReportItem:
     """A report waiting for the writer: the history row and the node's new latest values."""
 
-    __slots__ = ("latest", "node", "row", "t")
+    __slots__ = ("latest", "node", "report", "row", "t")
 
-    def __init__(self, node: str, t: int, row: dict[str, Any], latest: dict[str, Any]) -> None:
+    def __init__(self, node: str, t: int, row: dict[str, Any], latest: dict[str, Any], report: str) -> None:
         self.node = node
         self.t = t
         self.row = row
         self.latest = latest
+        self.report = report  # the whole report, JSON
 
     @property
     def order(self) -> tuple[int, int]:
@@ -96,10 +111,11 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | 
     latest = {
         "b_t": t,
         "b_skew": None if agent_ms is None else agent_ms - t,
-        "b_report": report_json,
         "b_effective": r.memory.effective_bytes,
         "b_host": r.memory.host_total_bytes,
         "b_budget": r.budget.bytes,
+        "b_usage": r.memory.usage_bytes,  # None stays NULL: unknown, never 0
+        "b_working_set": r.memory.working_set_bytes,
         "b_limited_by": r.memory.limited_by,
         "b_runtime": r.container.runtime,
         "b_memlock": r.memlock.soft_bytes,
@@ -108,7 +124,7 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | 
         "b_gpus": _gpus(env),
         "b_concurrency": r.plan.concurrency if r.plan is not None else None,
     }
-    return _ReportItem(env.node, t, row, latest)
+    return _ReportItem(env.node, t, row, latest, report_json)
 
 
 class Writer:
@@ -123,6 +139,12 @@ class Writer:
         self._insert_reports = (
             self._insert(reports).on_conflict_do_nothing(index_elements=["ingest_id"]).returning(reports.c.ingest_id)
         )
+        upsert = self._insert(latest_reports)
+        self._upsert_latest = upsert.on_conflict_do_update(  # unless a report received later got there first
+            index_elements=["node_id"],
+            set_={"received_ms": upsert.excluded.received_ms, "report": upsert.excluded.report},
+            where=latest_reports.c.received_ms <= upsert.excluded.received_ms,
+        )
 
     async def report(self, env: ReportEnvelope, report_json: str, agent_ms: int | None = None) -> bool:
         """Store a report received now, with the agent's own time; False when its id was stored before."""
@@ -130,11 +152,30 @@ class Writer:
         return bool(await self.committer.submit_async(item))
 
     async def event(self, env: EventEnvelope, body_json: str) -> bool:
-        """Store an event received now; False when its id was stored before."""
-        return bool(await self.committer.submit_async(self._event_writer(env, body_json, self.clock())))
+        """Store an event received now; False when its id was stored before. A heartbeat is no
+        row: it only says the node's supervisor is alive (True)."""
+        t = self.clock()
+        if env.event.event == "heartbeat":
+            return bool(await self.committer.submit_async(self._heartbeat_writer(env, t)))
+        return bool(await self.committer.submit_async(self._event_writer(env, body_json, t)))
+
+    async def forget(self, name: str) -> bool:
+        """Delete the node *name* and every row of it; False when there is no such node."""
+        return bool(await self.committer.submit_async(lambda conn: self._forget(conn, name)))
+
+    def _forget(self, conn: Connection, name: str) -> bool:
+        node_id = conn.execute(select(nodes.c.id).where(nodes.c.name == name)).scalar()
+        self._node_ids.pop(name, None)  # the writer thread's cache: a later report creates the node anew
+        if node_id is None:
+            return False
+        for table in (events, reports, latest_reports):  # explicitly, not by trusting ON DELETE CASCADE
+            conn.execute(delete(table).where(table.c.node_id == node_id))
+        conn.execute(delete(nodes).where(nodes.c.id == node_id))
+        return True
 
     def _node_id(self, conn: Connection, name: str, t: int) -> int:
-        """The node's id, creating the node if needed (cached: nodes are never deleted)."""
+        """The node's id, creating the node if needed (cached; ``_forget`` drops a forgotten node's
+        entry, and a failed batch clears the cache, which heals another replica's forgetting)."""
         cached = self._node_ids.get(name)
         if cached is not None:
             return cached
@@ -164,6 +205,8 @@ class Writer:
                 newest[node_id] = it
         if newest:
             conn.execute(_LATEST, [{**newest[n].latest, "b_id": n} for n in sorted(newest)])
+            whole = [{"node_id": n, "received_ms": newest[n].t, "report": newest[n].report} for n in sorted(newest)]
+            conn.execute(self._upsert_latest, whole)
         return [first[it.row["ingest_id"]] is it and it.row["ingest_id"] in stored for it in items]
 
     def _event_writer(self, env: EventEnvelope, body_json: str, t: int) -> Callable[[Connection], bool]:
@@ -189,9 +232,45 @@ class Writer:
             row = conn.execute(
                 statement.on_conflict_do_nothing(index_elements=["ingest_id"]).returning(events.c.id)
             ).first()
-            if row is not None and e.event == "start" and e.concurrency is not None:
+            if row is None:
+                return False
+            changes = _alive(t)
+            if e.event == "start" and e.concurrency is not None:
                 # The jobs column shows what the supervisor really runs (after step-downs), not the plan.
-                conn.execute(update(nodes).where(nodes.c.id == node_id).values(concurrency=e.concurrency))
-            return row is not None
+                changes["concurrency"] = e.concurrency
+            conn.execute(update(nodes).where(nodes.c.id == node_id).values(**changes))
+            return True
 
         return write
+
+    def _heartbeat_writer(self, env: EventEnvelope, t: int) -> Callable[[Connection], bool]:
+        interval = env.event.interval_s
+
+        def write(conn: Connection) -> bool:
+            values = _alive(t)
+            if interval is not None:
+                values["heartbeat_interval_ms"] = max(1, int(interval * 1000))
+            node_id = self._node_id(conn, env.node, t)
+            if conn.execute(update(nodes).where(nodes.c.id == node_id).values(**values)).rowcount == 0:
+                self._node_ids.pop(env.node, None)  # forgotten by another replica: the node starts anew
+                node_id = self._node_id(conn, env.node, t)
+                conn.execute(update(nodes).where(nodes.c.id == node_id).values(**values))
+            return True
+
+        return write
+
+
+def _alive(t: int) -> dict[str, Any]:
+    """The node's columns after an event or heartbeat received at *t*: the supervisor's last sign
+    of life, not archived; and, for a node no agent ever reported (run-only), its last-seen time."""
+    never_reported = and_(nodes.c.warnings.is_(None), nodes.c.last_seen_ms < t)
+    return {
+        "last_event_ms": _later(nodes.c.last_event_ms, t),
+        "archived_ms": None,
+        "last_seen_ms": case((never_reported, t), else_=nodes.c.last_seen_ms),
+    }
+
+
+def _later(column: Any, t: int) -> Any:
+    """SQL: the later of *column* (NULL: never) and *t* (replicas' clocks may differ a little)."""
+    return case((or_(column.is_(None), column < t), t), else_=column)

@@ -1,0 +1,115 @@
+"""Forgetting a node (``GET``/``POST /nodes/{name}/forget``): the dashboard's one write.
+
+It needs, besides the viewer's session (``pages.require_viewer_page``), the operator's
+``--admin-token`` typed into the form (never remembered: it is no ambient credential a forged
+request could ride on) and the node's name typed again. Against cross-site requests on top of
+that: the session cookie is SameSite=Strict; the form carries a token derived from the session
+cookie (HMAC-SHA256 keyed by the cookie, which another site cannot read); and a browser's
+``Origin`` must name this manager's own Host (the confirmation page sets
+``<meta name="referrer" content="same-origin">``, since the manager's ``Referrer-Policy:
+no-referrer`` would make the browser send ``Origin: null``: Fetch standard, "append a request
+Origin header"). After a success the overview says so once (the ``NOTICE`` cookie).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import urllib.parse
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from oomguard.manager.deps import SettingsDep, StoreDep, admin_ok, db_read, db_write
+from oomguard.manager.pages import SessionCookie, form_fields, missing_node, page, viewer_pages
+from oomguard.manager.store import Store
+from oomguard.nodes import is_valid_node_name
+
+NOTICE = "oomguard_notice"  # a one-shot cookie: the node just forgotten, shown once on the overview
+CROSS_SITE = "This request did not come from this manager's own form; open the node's page and try again."
+DISABLED = "Forgetting nodes is disabled: start the manager with --admin-token."
+
+router = viewer_pages()
+
+
+def forget_token(session: str | None, name: str) -> str:
+    """The confirmation form's token: HMAC-SHA256 keyed by the session cookie (RFC 2104), so only
+    a page that could read the cookie (this manager's own) can fill it in; "" without a session."""
+    if not session:
+        return ""
+    return hmac.new(session.encode(), f"oomguard-forget:{name}".encode(), hashlib.sha256).hexdigest()
+
+
+def same_origin(request: Request) -> bool:
+    """No ``Origin`` (not a browser), or one whose host and port are this request's Host."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    return urllib.parse.urlsplit(origin).netloc.lower() == request.headers.get("host", "").lower() != ""
+
+
+@dataclass(frozen=True)
+class Forgetting:
+    """What both routes start from: the node's *name* (as given, unchecked), the viewer's
+    *session* cookie (the form token's key), and whether an admin token is configured."""
+
+    request: Request
+    store: Store
+    name: str
+    session: str | None
+    enabled: bool
+
+
+def _forgetting(
+    request: Request, store: StoreDep, settings: SettingsDep, name: str, oomguard_session: SessionCookie = None
+) -> Forgetting:
+    return Forgetting(request, store, name, oomguard_session, settings.admin_token is not None)
+
+
+ForgettingDep = Annotated[Forgetting, Depends(_forgetting)]
+
+
+def _form(f: Forgetting, error: str | None = None, http_status: int = 200) -> Response:
+    token = forget_token(f.session, f.name)
+    return page("forget.html", http_status, name=f.name, token=token, can_forget=f.enabled, error=error, fragment=False)
+
+
+def _refusal(line: str) -> Response:
+    return page("error.html", 403, title="Forbidden", message=line, fragment=False)
+
+
+@router.get("/nodes/{name}/forget", response_class=HTMLResponse)
+async def forget_form(f: ForgettingDep) -> Response:
+    """The confirmation: type the node's name and the admin token (disabled without ``--admin-token``)."""
+    if (
+        not is_valid_node_name(f.name)
+        or await db_read(f.request, f.store.node_detail, f.name, events_limit=1, history_points=2) is None
+    ):
+        return missing_node(f.request, f.name)
+    return _form(f)
+
+
+@router.post("/nodes/{name}/forget")
+async def forget(f: ForgettingDep) -> Response:
+    """Forget a node (its reports and events go): 303 to the overview, which says so once; a page
+    with one line for a refusal (403: wrong admin token, none configured, or not from our form)."""
+    if not is_valid_node_name(f.name):
+        return missing_node(f.request, f.name)
+    field = await form_fields(f.request)
+    expected = forget_token(f.session, f.name)
+    if not same_origin(f.request) or not hmac.compare_digest(field.get("csrf", "").encode(), expected.encode()):
+        return _refusal(CROSS_SITE)
+    if not f.enabled:
+        return _refusal(DISABLED)
+    if field.get("confirm", "").strip() != f.name:
+        return _form(f, "Type the node's name exactly to confirm.", 400)
+    if not admin_ok(f.request, field.get("token", "").strip()):
+        return _refusal("That admin token is not valid.")
+    if not await db_write(f.request, f.store.forget_node(f.name)):
+        return missing_node(f.request, f.name)
+    response = RedirectResponse("/", status_code=303)
+    secure = f.request.url.scheme == "https"
+    response.set_cookie(NOTICE, f.name, max_age=60, httponly=True, samesite="strict", path="/", secure=secure)
+    return response
