@@ -20,6 +20,8 @@ command -v zsh >/dev/null 2>&1 || need+=(zsh)
 # nginx and Caddy: the reverse-proxy examples in deploy/proxy/ are run and validated (tests/test_manager_hardening.py).
 command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
 command -v caddy >/dev/null 2>&1 || need+=(caddy)
+# Prometheus: it scrapes a real manager and answers every query of deploy/grafana/ (tests/test_grafana.py).
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${need[*]}; run as root (or install them) to run every test" >&2

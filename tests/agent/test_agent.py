@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,30 +18,10 @@ from tests.agent_fake import (
     TOKEN,
     FakeManager,
     Logs,
-    drop_proxy_variables,
     names,
     put_reports,
-    running_manager,
-    unused_port_url,
     why_of,
 )
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in drop_proxy_variables(dict(os.environ)):
-        monkeypatch.delenv(key)
-
-
-@pytest.fixture
-def manager() -> Iterator[FakeManager]:
-    yield from running_manager()
-
-
-@pytest.fixture
-def dead_url() -> str:
-    return unused_port_url()
-
 
 # --- delivery ---------------------------------------------------------------------------
 

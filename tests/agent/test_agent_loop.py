@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,28 +34,8 @@ from tests.agent_fake import (
     FakeManager,
     Logs,
     agent_args,
-    drop_proxy_variables,
-    running_manager,
-    unused_port_url,
 )
 from tests.conftest import REPO, run_oomguard
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in drop_proxy_variables(dict(os.environ)):
-        monkeypatch.delenv(key)
-
-
-@pytest.fixture
-def manager() -> Iterator[FakeManager]:
-    yield from running_manager()
-
-
-@pytest.fixture
-def dead_url() -> str:
-    return unused_port_url()
-
 
 # --- --once: the exit code is the report's fate -------------------------------------------------
 
