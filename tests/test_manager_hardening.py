@@ -474,7 +474,9 @@ def test_deploy_sets_the_file_limit_and_shows_a_proxy_with_tls_and_timeouts() ->
 
 def test_the_nginx_example_in_front_of_a_real_manager(tmp_path: Path) -> None:
     """deploy/proxy/nginx.conf as shipped (ports, certificate and upstream swapped in): TLS, the
-    manager's default Host allow-list through the proxy, and no answer for another name."""
+    manager's default Host allow-list through the proxy, no answer for another name, and the
+    dashboard's one write (forgetting a node) through it: nginx rewrites Host to the upstream's,
+    so the form's Origin check needs the X-Forwarded-Host the example sends."""
     import shutil
     import ssl
 
@@ -489,7 +491,12 @@ def test_the_nginx_example_in_front_of_a_real_manager(tmp_path: Path) -> None:
          "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
         check=True, capture_output=True,
     )  # fmt: skip
-    manager = ManagerProcess(f"sqlite:///{tmp_path / 'p.db'}").start()
+    from urllib.parse import urlencode
+
+    from oomguard.manager.forget import forget_token
+
+    admin = "admin-token-through-nginx"
+    manager = ManagerProcess(f"sqlite:///{tmp_path / 'p.db'}", env={"OOMGUARD_ADMIN_TOKEN": admin}).start()
     tls, plain = free_port(), free_port()
     conf = (Path(__file__).parent.parent / "deploy/proxy/nginx.conf").read_text()
     for old, new in (
@@ -521,20 +528,51 @@ def test_the_nginx_example_in_front_of_a_real_manager(tmp_path: Path) -> None:
             except OSError:
                 assert proxy.poll() is None and time.monotonic() < deadline, proxy.stderr and proxy.stderr.read()
                 time.sleep(0.05)
-        with (
-            socket.create_connection(("127.0.0.1", tls)) as raw,
-            ctx.wrap_socket(raw, server_hostname="oomguard.example.com") as s,
-        ):
-            body = json.dumps(envelope("via-proxy", fixture_report()))
-            s.sendall(
-                (f"POST /api/v1/reports HTTP/1.1\r\nHost: oomguard.example.com\r\nAuthorization: Bearer {AGENT}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                 f"{body}").encode()
-            )  # fmt: skip
-            answer = b""
-            while chunk := s.recv(65536):
-                answer += chunk
+        public = f"oomguard.example.com:{tls}"
+
+        def post(path: str, body: str, kind: str, *headers: str) -> bytes:
+            with (
+                socket.create_connection(("127.0.0.1", tls)) as raw,
+                ctx.wrap_socket(raw, server_hostname="oomguard.example.com") as s,
+            ):
+                extra = "".join(f"{h}\r\n" for h in headers)
+                s.sendall(
+                    (f"POST {path} HTTP/1.1\r\nHost: {public}\r\n{extra}Content-Type: {kind}\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
+                )  # fmt: skip
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+            return answer
+
+        body = json.dumps(envelope("via-proxy", fixture_report()))
+        answer = post("/api/v1/reports", body, "application/json", f"Authorization: Bearer {AGENT}")
         assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        form = "application/x-www-form-urlencoded"
+        answer = post("/login", urlencode({"token": VIEWER, "next": "/"}), form)
+        assert answer.startswith(b"HTTP/1.1 303"), answer[:300]
+        cookie = next(
+            line.split(b":", 1)[1].split(b";")[0].strip().decode()
+            for line in answer.split(b"\r\n")
+            if line.lower().startswith(b"set-cookie:") and b"oomguard_session=" in line
+        )
+        session = cookie.split("=", 1)[1]
+        fields = {"csrf": forget_token(session, "via-proxy"), "confirm": "via-proxy", "token": admin}
+        forged = post(
+            "/nodes/via-proxy/forget", urlencode(fields), form, f"Cookie: {cookie}", "Origin: https://evil.example"
+        )
+        assert forged.startswith(b"HTTP/1.1 403"), forged[:300]
+        answer = post(
+            "/nodes/via-proxy/forget", urlencode(fields), form, f"Cookie: {cookie}", f"Origin: https://{public}"
+        )
+        assert answer.startswith(b"HTTP/1.1 303"), answer[:300]  # forgotten through the proxy
+        import urllib.error
+        import urllib.request
+
+        ask = urllib.request.Request(manager.url + "/api/v1/nodes/via-proxy", headers=VIEWER_H)
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            urllib.request.urlopen(ask, timeout=10)
+        assert gone.value.code == 404
         with pytest.raises(ssl.SSLError), socket.create_connection(("127.0.0.1", tls)) as raw:
             ssl._create_unverified_context().wrap_socket(raw, server_hostname="rebound.example").do_handshake()
     finally:

@@ -335,6 +335,11 @@ def test_cli_settings_admin_token_and_forget_after(monkeypatch: pytest.MonkeyPat
     assert parsed(forget_after="off").forget_after_s is None and parsed(forget_after="0").forget_after_s is None
     with pytest.raises(UsageError, match=r"^--forget-after: invalid duration"):
         parsed(forget_after="soon")
+    assert parsed(forget_after="1h").forget_after_s == 3600
+    with pytest.raises(UsageError, match=r"^--forget-after: must be at least 3600 s"):
+        parsed(forget_after="59m")  # archived before anyone saw it offline
+    with pytest.raises(UsageError, match=r"^--forget-after: must be at least 7200 s"):
+        parsed(forget_after="90m", interval="40m")  # three intervals of 40 min
     monkeypatch.setenv("OOMGUARD_ADMIN_TOKEN", "from-the-environment\n")
     assert parsed().admin_token == "from-the-environment"
     assert parsed(admin_token="from-the-flag").admin_token == "from-the-flag"
@@ -455,6 +460,21 @@ def test_a_node_known_only_from_run_events_is_run_only_while_its_heartbeat_lasts
     assert listed(client)["runner"]["status"] == "online"
 
 
+def test_an_announced_heartbeat_interval_is_kept_within_10s_and_1h(client: TestClient, clock: Clock) -> None:
+    """A dead supervisor that announced a day stays run-only 3 h at most, not 3 days; one that
+    announced a microsecond is not offline at once."""
+    event(client, "lazy", event="start", pid=8)
+    heartbeat(client, "lazy", 86_400)
+    clock.t += 3 * HOUR_MS - 1_000
+    assert listed(client)["lazy"]["status"] == "run-only"
+    clock.t += 2_000
+    assert listed(client)["lazy"]["status"] == "offline"
+    event(client, "eager", event="start", pid=9)
+    heartbeat(client, "eager", 1e-6)
+    clock.t += 29_000  # under three floors of 10 s
+    assert listed(client)["eager"]["status"] == "run-only"
+
+
 def heartbeat(c: TestClient, node: str, interval_s: float) -> tuple[Any, str]:
     """POST a heartbeat as the forwarder does: (the answer, the id sent)."""
     sent_id = uuid.uuid4().hex
@@ -484,7 +504,8 @@ def test_the_forwarder_sends_heartbeats_that_are_never_spooled(tmp_path: Path) -
             while time.monotonic() < deadline and not _row(server.db_url, "hb-node"):
                 time.sleep(0.05)
             row = _row(server.db_url, "hb-node")
-            assert row and row["heartbeat_interval_ms"] == 300 and row["warnings"] is None  # no report ever
+            # 0.3 s announced, kept as the floor of 10 s (store.writer.HEARTBEAT_MIN_MS)
+            assert row and row["heartbeat_interval_ms"] == 10_000 and row["warnings"] is None  # no report ever
             assert not list(spool.glob("*.json"))  # nothing spooled for it
             first = row["last_event_ms"]
             time.sleep(1.0)
@@ -517,6 +538,7 @@ def test_heartbeats_wait_while_events_flow(tmp_path: Path) -> None:
             return Outcome("retry", why="no manager here")
 
         sink.sender.post = post  # type: ignore[method-assign]
+        sink._beats.post = post  # type: ignore[method-assign]  (heartbeats: their own 2 s client)
         sink({"event": "start"})
         time.sleep(0.3)
         beats = [b for b in posted if b["event"]["event"] == "heartbeat"]

@@ -19,6 +19,7 @@ import time
 import uuid
 from typing import Any
 
+from oomguard.agent.client import Client
 from oomguard.agent.sender import Sender
 from oomguard.agent.spool import SpoolError, open_spool
 from oomguard.nodes import sanitize_node_name
@@ -26,6 +27,7 @@ from oomguard.times import iso_now
 
 MEMORY_MAX = 1000
 HEARTBEAT_S = 60.0
+HEARTBEAT_TIMEOUT_S = 2.0  # a heartbeat in flight holds close() back at most this long
 WAKE_S = 30.0  # the thread retries what waits in the spool at least this often
 
 
@@ -38,6 +40,7 @@ class EventForwarder:
         self, manager: str, token: str, node: str, spool_dir: str, *, heartbeat_s: float = HEARTBEAT_S
     ) -> None:
         self.sender = Sender(manager, token, open_spool(spool_dir), timeout=5.0)
+        self._beats = Client(manager, token, timeout=HEARTBEAT_TIMEOUT_S)
         self.node = sanitize_node_name(node)
         if self.node != node:
             self.sender.log(f"node name {node!r} is not one the manager accepts: using {self.node!r}")
@@ -81,7 +84,7 @@ class EventForwarder:
         """Post a heartbeat directly (never spooled); whatever the answer, the next one is due later."""
         self._last_sent = self.clock()
         event = {"event": "heartbeat", "time": iso_now(), "interval_s": self.heartbeat_s}
-        self.sender.post("event", {"node": self.node, "id": uuid.uuid4().hex, "event": event})
+        self._beats.post("event", {"node": self.node, "id": uuid.uuid4().hex, "event": event})
 
     def _send_all(self) -> None:
         self.sender.flush()
@@ -91,7 +94,8 @@ class EventForwarder:
             self.memory.popleft()  # delivered or refused: either way it is done
 
     def close(self, timeout: float = 5.0) -> None:
-        """Try once more to deliver what is spooled (what is not stays for the agent)."""
+        """Try once more to deliver what is spooled (what is not stays for the agent): *timeout*
+        seconds for that, after a heartbeat that may be in flight (``HEARTBEAT_TIMEOUT_S``)."""
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout)
+        self._thread.join(timeout + HEARTBEAT_TIMEOUT_S)

@@ -42,7 +42,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "TOKEN",
     )
     flags.option(parser, "--retention", "history kept (default 30d; OOM events are kept for ever)", "DURATION")
-    flags.option(parser, "--forget-after", "archive nodes silent this long (default 7d; 0 or off: never)", "DURATION")
+    flags.option(
+        parser,
+        "--forget-after",
+        "archive nodes silent this long (default 7d, at least 1h and 3 intervals; 0 or off: never)",
+        "DURATION",
+    )
     flags.option(parser, "--interval", "the agents' report interval, for offline detection (default 30s)", "DURATION")
     flags.option(parser, "--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE")
     flags.option(

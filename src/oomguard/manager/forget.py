@@ -5,7 +5,10 @@ It needs, besides the viewer's session (``pages.require_viewer_page``), the oper
 request could ride on) and the node's name typed again. Against cross-site requests on top of
 that: the session cookie is SameSite=Strict; the form carries a token derived from the session
 cookie (HMAC-SHA256 keyed by the cookie, which another site cannot read); and a browser's
-``Origin`` must name this manager's own Host (the confirmation page sets
+``Origin`` must name this manager's own Host, or the ``X-Forwarded-Host`` a reverse proxy sends
+when it rewrites Host to its upstream (deploy/proxy/: Caddy and nginx both do; a cross-site form
+cannot set that header, and a cross-site ``fetch`` with it needs a CORS preflight the manager never
+grants). The confirmation page sets
 ``<meta name="referrer" content="same-origin">``, since the manager's ``Referrer-Policy:
 no-referrer`` would make the browser send ``Origin: null``: Fetch standard, "append a request
 Origin header"). After a success the overview says so once (the ``NOTICE`` cookie).
@@ -42,12 +45,27 @@ def forget_token(session: str | None, name: str) -> str:
     return hmac.new(session.encode(), f"oomguard-forget:{name}".encode(), hashlib.sha256).hexdigest()
 
 
+DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def _authority(netloc: str, scheme: str) -> str:
+    """``host[:port]`` lower-cased, without the scheme's default port (``Origin`` omits it)."""
+    netloc = netloc.strip().lower()
+    port = DEFAULT_PORTS.get(scheme)
+    return netloc[: -len(port) - 1] if port and netloc.endswith(":" + port) else netloc
+
+
 def same_origin(request: Request) -> bool:
-    """No ``Origin`` (not a browser), or one whose host and port are this request's Host."""
+    """No ``Origin`` (not a browser), or one whose host and port are this request's Host or, behind
+    a proxy that rewrites Host, its ``X-Forwarded-Host`` (the first, as the client sent it)."""
     origin = request.headers.get("origin")
     if origin is None:
         return True
-    return urllib.parse.urlsplit(origin).netloc.lower() == request.headers.get("host", "").lower() != ""
+    parts = urllib.parse.urlsplit(origin)
+    seen = _authority(parts.netloc, parts.scheme)
+    forwarded = request.headers.get("x-forwarded-host", "").split(",")[0]
+    hosts = {_authority(h, parts.scheme) for h in (request.headers.get("host", ""), forwarded)}
+    return seen != "" and seen in hosts
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,9 @@ class _Nodes:
             labels=["node"],
         )
         seen = GaugeMetricFamily(
-            "oomguard_node_last_seen_timestamp_seconds", "Time of the node's last report.", labels=["node"]
+            "oomguard_node_last_seen_timestamp_seconds",
+            "Time of the node's last report (a run-only node's: its supervisor's last event or heartbeat).",
+            labels=["node"],
         )
         up = GaugeMetricFamily(
             "oomguard_node_up",

@@ -38,6 +38,9 @@ def db_scheme(url: str) -> str | None:
     return m[1].lower() if m else None
 
 
+FORGET_AFTER_MIN_S = 3600.0  # --forget-after at least this (and 3 intervals)
+
+
 @dataclass
 class Settings:
     db_url: str = DEFAULT_DB
@@ -101,6 +104,13 @@ class Settings:
         for entry in self.allowed_hosts or ():
             if not _HOST_ENTRY.match(entry):
                 raise UsageError(f"--allowed-hosts: {entry!r} is not a host name, an address or *")
+        floor = max(FORGET_AFTER_MIN_S, 3 * self.interval_s)
+        if self.forget_after_s is not None and self.forget_after_s < floor:
+            # A node must be seen offline (three missed intervals) before it is archived.
+            raise UsageError(
+                f"--forget-after: must be at least {floor:g} s (1 h, and 3 times --interval), "
+                f"got {self.forget_after_s:g} s; 0 or off: never archive"
+            )
 
     def _check_db(self) -> None:
         scheme = db_scheme(self.db_url)

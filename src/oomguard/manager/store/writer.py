@@ -34,6 +34,9 @@ from oomguard.manager.store import columns as _columns  # noqa: F401  (reports.a
 from oomguard.manager.store.commit import GroupCommitter
 from oomguard.manager.times import now_ms
 
+# A supervisor's announced heartbeat interval is kept within these: a dead supervisor that had
+# announced a day must not keep its node "run-only" for three days, nor a tiny one flap it offline.
+HEARTBEAT_MIN_MS, HEARTBEAT_MAX_MS = 10_000, 3_600_000
 _LATEST = (  # the node's latest values, unless a report received later got there first
     update(nodes)
     .where(
@@ -249,7 +252,7 @@ class Writer:
         def write(conn: Connection) -> bool:
             values = _alive(t)
             if interval is not None:
-                values["heartbeat_interval_ms"] = max(1, int(interval * 1000))
+                values["heartbeat_interval_ms"] = min(HEARTBEAT_MAX_MS, max(HEARTBEAT_MIN_MS, int(interval * 1000)))
             node_id = self._node_id(conn, env.node, t)
             if conn.execute(update(nodes).where(nodes.c.id == node_id).values(**values)).rowcount == 0:
                 self._node_ids.pop(env.node, None)  # forgotten by another replica: the node starts anew
