@@ -66,8 +66,9 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
     flags.option(
         group,
         "--guard",
-        "sample the worker's memory cgroup every 100 ms (20 ms near the ceiling, and woken by the kernel at the "
-        "stop line): signal it at the budget, stop it (SIGTERM, then "
+        "sample the worker's memory cgroup every 100 ms (20 ms near the ceiling; woken by the kernel too: v1 at "
+        "the stop line and while the group reclaims at its limit, v2 on memory.events high and max): signal it "
+        "at the budget, stop it (SIGTERM, then "
         "SIGKILL after --stop-timeout) near the ceiling, restart it asking for less, before the kernel acts",
     )
     flags.option(

@@ -16,8 +16,8 @@ enabled for the children by writing "+memory" to ``cgroup.subtree_control``; wri
 v2 group's ``cgroup.kill`` (Linux >= 5.14) SIGKILLs every process in it and below it.
 
 Two file descriptors the guard polls are opened here too (``run --guard``, supervisor/alarm.py):
-a v1 usage threshold (registered by a write to ``cgroup.event_control``) and a v2 group's
-``memory.events``.
+a v1 usage threshold and a v1 memory pressure level (each registered by a write to
+``cgroup.event_control``), and a v2 group's ``memory.events``.
 """
 
 from __future__ import annotations
@@ -61,11 +61,24 @@ class CgroupFS:
         notified through eventfd when memory usage crosses threshold in any direction." Closing
         the eventfd unregisters it. Non-blocking, close-on-exec; ``OSError`` if refused.
         """
+        return self._event_control(group, "memory.usage_in_bytes", str(int(nbytes)))
+
+    def pressure_level(self, group: str, level: str) -> int:
+        """An eventfd the kernel signals at reclaim of *level* (e.g. "low,hierarchy") in *group*.
+
+        memory.rst, "11. Memory Pressure": "write string as "<event_fd> <fd of
+        memory.pressure_level> <level[,mode]>" to cgroup.event_control". Non-blocking,
+        close-on-exec; ``OSError`` if refused.
+        """
+        return self._event_control(group, "memory.pressure_level", level)
+
+    def _event_control(self, group: str, name: str, argument: str) -> int:
+        """A v1 notification: an eventfd registered for *group*'s file *name* with *argument*."""
         efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         try:
-            ufd = os.open(self._path(group + "/memory.usage_in_bytes"), os.O_RDONLY | os.O_CLOEXEC)
+            ufd = os.open(self._path(group + "/" + name), os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self.write_text(group + "/cgroup.event_control", f"{efd} {ufd} {int(nbytes)}")
+                self.write_text(group + "/cgroup.event_control", f"{efd} {ufd} {argument}")
             finally:
                 os.close(ufd)  # the kernel holds its own reference for the registration
         except BaseException:

@@ -30,8 +30,11 @@ was computed from (``memory.effective_bytes``), which is that group's limit.
 **Fast growth.** A worker that grows by more than the margin between two samples would pass the
 stop line and the ceiling unseen, and the kernel would act first. So near the ceiling (the working
 set within ``NEAR_MARGINS`` (4) guard margins of it) the guard samples every ``fast_interval``
-(20 ms), and it asks the kernel to wake it at the stop line (``alarm.py``: a v1 usage threshold;
-v2 ``memory.events``), between samples.
+(20 ms), and it asks the kernel to wake it between samples (``alarm.py``): on v1 a usage threshold
+at the stop line, and reclaim at the group's limit (``memory.pressure_level``, for a group full of
+page cache, whose usage stays at the limit); on v2 ``memory.events`` changes, ``high`` (over
+``memory.high``, set with ``--isolate``) and ``max`` (usage at ``memory.max``, past the stop line):
+v2 has no wake-up at the stop line itself.
 """
 
 from __future__ import annotations
@@ -176,10 +179,9 @@ class Guard:
 
     def _arm(self, s: MemorySample) -> None:
         assert self.alarm is not None
-        said = self.alarm.failure is not None
         self.alarm.arm(self.watch.stop_line, self.watch.margin, s.inactive_file)
-        if not said and self.alarm.failure is not None:
-            self._say(f"{self.alarm.failure}: no wake-up from the kernel, sampling only")
+        for note in self.alarm.take_notes():
+            self._say(note)
 
     def interval(self) -> float:
         """Seconds to the next sample: ``fast_interval`` near the ceiling (until a stop), else ``interval``."""
@@ -228,6 +230,8 @@ class Guard:
             stall = (last.stall_us - first.stall_us) / 1e6
             if stall >= 0.05:
                 parts.append(f"memory stall {stall:.1f}s")
+        if self.alarm is not None and self.alarm.wakeups:
+            parts.append(f"woken by the kernel {self.alarm.wakeups} time(s)")
         return ("guard: " + ", ".join(parts)) if parts else None
 
 
@@ -300,32 +304,43 @@ def exit_waiter(pid: int, alarm: Alarm | None = None) -> Iterator[Callable[[floa
     """A function that waits up to N seconds, or until *pid* exits (a pidfd, Linux >= 5.3) or the
     kernel's *alarm* fires; it sleeps where it has neither.
 
-    After a wake-up by the alarm, the alarm is left out of the next ``FAST`` seconds of waiting: a
-    v2 group throttled over ``memory.high`` changes ``memory.events`` up to 100 times a second
-    (kernfs rate-limits its notifications to one per 10 ms), and the guard samples near the
-    ceiling anyway.
+    After a wake-up by the alarm, the alarm is left out of the next ``FAST_QUIET`` (20 ms) of
+    waiting, and polled again after that within the same wait: a v2 group throttled over
+    ``memory.high`` changes ``memory.events`` up to 100 times a second (kernfs rate-limits its
+    notifications to one per 10 ms), a v1 group reclaiming at its limit signals about every 2 MiB
+    scanned, and the guard samples near the ceiling anyway. So the alarm wakes the guard at most
+    50 times a second.
     """
     try:
         fd: int | None = os.pidfd_open(pid)
     except (AttributeError, OSError):
         fd = None
     quiet_until = float("-inf")
+    mask = alarm.events if alarm is not None else 0
 
     def wait(seconds: float) -> None:
         nonlocal quiet_until
-        afd = alarm.fd if alarm is not None and time.monotonic() >= quiet_until else None
-        if fd is None and afd is None:
-            time.sleep(seconds)
-            return
-        poller = select.poll()  # afresh each time: a moved threshold is a new eventfd
-        if fd is not None:
-            poller.register(fd, select.POLLIN)
-        if afd is not None and alarm is not None:
-            poller.register(afd, alarm.events)
-        ready = poller.poll(seconds * 1000)
-        if alarm is not None and any(f == afd for f, _ in ready):
-            alarm.drain()
-            quiet_until = time.monotonic() + FAST_QUIET
+        end = time.monotonic() + seconds
+        while (now := time.monotonic()) < end:
+            quiet = alarm is not None and now < quiet_until
+            afds = alarm.fds() if alarm is not None and not quiet else []
+            span = min(end, quiet_until) - now if quiet else end - now
+            if fd is None and not afds:
+                time.sleep(span)
+                continue
+            poller = select.poll()  # afresh each time: a moved threshold is a new eventfd
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+            for afd in afds:
+                poller.register(afd, mask)
+            ready = [f for f, _ in poller.poll(span * 1000)]
+            if alarm is not None and (woke := [f for f in ready if f in afds]):
+                for afd in woke:
+                    alarm.drain(afd)
+                quiet_until = time.monotonic() + FAST_QUIET
+                return
+            if ready:  # the worker exited
+                return
 
     try:
         yield wait

@@ -9,23 +9,36 @@
   high memory boundary was exceeded").
 - A worker that cannot shed load crawls under memory.high (its allocations sleep, counted as
   memory stall in PSI) and is stopped once the group's full stall time grows by 10 s.
+- The kernel's wake-up on v2 (supervisor/alarm.py): ``memory.events`` polled for POLLPRI wakes
+  the guard when the group goes over ``memory.high`` (cgroup-v2.rst, "memory.events": "A value
+  change in this file generates a file modified event"), and only on a new change once it was
+  read again (fs/kernfs/file.c, ``kernfs_generic_poll``); a worker over its ``memory.high`` under
+  ``run --guard --isolate`` wakes the guard, and the exit event says how often.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import select
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from oomguard.sources.cgroupfs import CgroupFS
+from oomguard.sources.root import LiveRoot
+from oomguard.supervisor.alarm import Alarm
 from tests.vm.guest.cg import PYTHON, Group, MiB, oomguard_env, read_events
 
 GroupFactory = Callable[..., Group]
 
 # Grows by 2 MiB every 50 ms until SIGTERM (written to argv[1], then exit 0). With argv[2] "high":
 # once its own group's memory.high is no longer "max", it touches 1 MiB more, prints memory.high and
-# the group's memory.events "high" count, and exits 0; with "crawl" it goes on growing under it.
+# the group's memory.events "high" count, and exits 0 ("over": the same, 0.5 s later, so that the
+# guard has polled what the kernel said); with "crawl" it goes on growing under it.
 GROWER = """
 import signal, sys, time
 marker, mode = sys.argv[1], sys.argv[2]
@@ -39,10 +52,11 @@ def high():
 def touch(n):
     c = bytearray(n); c[::4096] = b'x' * len(range(0, n, 4096)); return c
 chunks = []
-while mode != 'high' or high() == 'max':
+while mode not in ('high', 'over') or high() == 'max':
     chunks.append(touch(2 << 20))
     time.sleep(0.05)
 chunks.append(touch(1 << 20))
+time.sleep(0.5 if mode == 'over' else 0)
 events = dict(line.split() for line in open(grp + '/memory.events').read().splitlines())
 print(high(), events['high'], flush=True)
 """
@@ -93,3 +107,65 @@ def test_guard_stops_a_worker_stalled_under_memory_high(events: Path, tmp_path: 
     assert end["reason"] == "pressure-stop", proc.stderr
     assert "stalled 10s on memory under memory.high 128 MiB" in end["message"]
     assert end["oom_kills"] == 0 and (tmp_path / "marker").read_text() == "TERM\n"
+
+
+# Touches 1 MiB at a time until its group's memory.current is over memory.high by 1 MiB, prints
+# "held" and idles; each line on stdin: 1 MiB more (over memory.high again), "held".
+HOLD = """
+import sys
+grp = '/sys/fs/cgroup' + open('/proc/self/cgroup').read().split('::')[1].strip()
+high = int(open(grp + '/memory.high').read())
+def touch(n):
+    c = bytearray(n); c[::4096] = b'x' * len(range(0, n, 4096)); return c
+chunks = []
+while int(open(grp + '/memory.current').read()) <= high + (1 << 20):
+    chunks.append(touch(1 << 20))
+print('held', flush=True)
+for line in sys.stdin:
+    chunks.append(touch(1 << 20))
+    print('held', flush=True)
+"""
+
+
+def test_memory_events_wakes_the_alarm_once_per_change(group: GroupFactory) -> None:
+    g = group(256 * MiB)
+    g.write("memory.high", 64 * MiB)
+    alarm = Alarm(LiveRoot(), CgroupFS(), str(g.path), 2)
+    alarm.arm(192 * MiB, 64 * MiB, 0)
+    assert alarm.failure is None and alarm.fd is not None and alarm.take_notes() == []
+    poller = select.poll()
+    poller.register(alarm.fd, alarm.events)
+    assert poller.poll(0) == []  # read at the opening: nothing new yet
+    hog = g.popen(PYTHON, "-c", HOLD, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert hog.stdin is not None and hog.stdout is not None
+    try:
+        assert hog.stdout.readline() == "held\n"  # over memory.high, then idle
+        assert poller.poll(5000), "memory.events did not wake the alarm"
+        high = g.keyed("memory.events")["high"]
+        assert high > 0
+        time.sleep(0.1)  # kernfs delivers a change at most every 10 ms: all of them now
+        alarm.drain(alarm.fd)
+        assert alarm.wakeups == 1
+        assert poller.poll(300) == []  # read again: nothing new, no wake-up
+        hog.stdin.write("more\n")
+        hog.stdin.flush()
+        assert hog.stdout.readline() == "held\n"  # over memory.high again
+        assert poller.poll(5000), "no wake-up on the next change"
+        assert g.keyed("memory.events")["high"] > high
+        alarm.drain(alarm.fd)
+        assert alarm.wakeups == 2
+    finally:
+        hog.kill()
+        hog.wait()
+        alarm.close()
+
+
+def test_the_kernel_wakes_the_guard_over_memory_high(events: Path, tmp_path: Path) -> None:
+    proc, evs = _run(events, tmp_path, "over", "--isolate", "--guard", "--budget", "128MiB")
+    assert proc.returncode == 0, proc.stderr
+    high, throttled = proc.stdout.split()
+    assert int(high) == 128 * MiB and int(throttled) > 0
+    end = evs[-1]
+    woke = re.search(r"woken by the kernel (\d+) time\(s\)$", end["message"])
+    assert end["reason"] == "clean" and woke, end["message"]
+    assert 1 <= int(woke[1]) <= int(throttled)  # once per change at most: each wake-up read what changed
