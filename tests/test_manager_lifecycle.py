@@ -168,6 +168,26 @@ def test_usage_and_working_set_per_node_unknown_stays_null(client: TestClient) -
     assert listed(client)["blind"]["working_set_bytes"] == 16 * GiB
 
 
+def test_an_offline_nodes_working_set_is_history_not_a_reading(client: TestClient, clock: Clock) -> None:
+    """The agent died with its node at 15.6 %: the table keeps the last bytes reported, but no
+    percentage, no rank in the risk sort above a live node, and no usage sample in /metrics."""
+    report(client, "dead", fixture_report("docker_v2_private_ns_limit_512m"))  # 80 MiB of 512 MiB
+    clock.t += 10 * MIN_MS  # three missed intervals and more: offline
+    report(client, "live")  # 4.7 %
+    rows = listed(client)
+    dead = rows["dead"]
+    assert dead["status"] == "offline" and dead["working_set_bytes"] == 80 * 2**20
+    assert dead["working_set_pct"] is None and rows["live"]["working_set_pct"] == 4.7
+    assert names(client, "sort=risk") == ["live", "dead"]  # the offline alert is its own: both 0 OOM
+    assert names(client, "sort=-working_set_pct") == ["live", "dead"]
+    samples = metric_lines(client, "dead")
+    assert "oomguard_memory_working_set_bytes" not in samples and "oomguard_memory_usage_bytes" not in samples
+    assert samples["oomguard_node_up"] == 0 and samples["oomguard_memory_effective_bytes"] == 512 * 2**20
+    report(client, "dead", fixture_report("docker_v2_private_ns_limit_512m"))  # back: a reading again
+    assert listed(client)["dead"]["working_set_pct"] == 15.6
+    assert metric_lines(client, "dead")["oomguard_memory_working_set_bytes"] == 80 * 2**20
+
+
 def test_one_oom_kill_and_two_pressure_stops_are_counted_apart_everywhere(client: TestClient) -> None:
     report(client, "mixed")
     report(client, "calm")
@@ -400,6 +420,42 @@ def test_silent_nodes_are_archived_and_come_back(client: TestClient, clock: Cloc
     assert names(client, "status=archived&sort=name") == ["alive", "runner", "silent"] and listed(client) == {}
     report(client, "silent")  # a report brings it back too
     assert listed(client)["silent"]["status"] == "online" and summary(client)["archived"] == 2
+
+
+def test_cards_leave_out_an_archived_nodes_recent_exits(client: TestClient) -> None:
+    """The cards count each node's exits of the last day once, in the same pass as the statuses
+    (queries.summary); an archived node's leave with it, whatever its status."""
+    store: Store = client.app.state.store  # type: ignore[attr-defined]
+    for name in ("kept", "archived"):
+        report(client, name)
+        event(client, name, event="exit", reason="oom-kill")
+        event(client, name, event="exit", reason="pressure-stop")
+    event(client, "kept", event="exit", reason="oom-kill")
+    event(client, "kept", event="restart", reason="oom-kill")  # not an exit: not counted
+    cards = summary(client)
+    assert (cards["oom_kills_24h"], cards["pressure_stops_24h"], cards["online"]) == (3, 2, 2)
+    with store.engine.begin() as conn:
+        conn.execute(nodes.update().where(nodes.c.name == "archived").values(archived_ms=store.clock()))
+    cards = summary(client)
+    assert (cards["oom_kills_24h"], cards["pressure_stops_24h"]) == (2, 1)
+    assert (cards["online"], cards["archived"], cards["effective_bytes"]) == (1, 1, 342 * GiB)
+
+
+def test_memlock_alert_read_from_escaped_json() -> None:
+    """The memlock alert skips parsing a warnings list that cannot name the code, and still finds
+    it when JSON escapes spell it (alerts._warns_memlock)."""
+    from oomguard.manager.alerts import node_alerts
+
+    row = {"name": "n", "status": "online", "effective_bytes": 1, "budget_bytes": 1, "host_total_bytes": 2}
+    for warnings, kinds in (
+        (None, []),
+        ("[]", []),
+        ('["cgroup-unreadable"]', []),
+        ('["memlock-too-low"]', ["memlock-below-pinned-need"]),
+        ('["memlock\\u002dtoo-low"]', ["memlock-below-pinned-need"]),
+        ('["x-memlock-too-low"]', []),
+    ):
+        assert [a["kind"] for a in node_alerts({**row, "warnings": warnings}, 0)] == kinds, warnings
 
 
 def test_forget_after_off_never_archives(db_url: str, clock: Clock) -> None:

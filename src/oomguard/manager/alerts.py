@@ -163,6 +163,14 @@ def _budget_alert(eff: int, host: int | None, budget: int) -> tuple[str, str]:
     return "budget-above-limit", f"budget {format_size(budget)} is above the effective limit {format_size(eff)}"
 
 
+def _warns_memlock(warnings: str | None) -> bool:
+    """Whether the JSON list of warning codes holds ``memlock-too-low``. Parsed only when the text
+    could hold it (the quoted code, or an escape): 10,000 offline nodes are 10,000 lists of ``[]``."""
+    if not warnings or ('"memlock-too-low"' not in warnings and "\\" not in warnings):
+        return False
+    return "memlock-too-low" in json.loads(warnings)
+
+
 def node_alerts(r: Any, ooms_last_hour: int, stops_last_hour: int = 0) -> list[dict[str, Any]]:
     """The alerts of one node row (latest report columns, status; ``run_only`` when no agent ever
     reported), with its OOM kills and pressure stops of the last hour."""
@@ -179,7 +187,7 @@ def node_alerts(r: Any, ooms_last_hour: int, stops_last_hour: int = 0) -> list[d
     if budget is not None and eff is not None and budget > eff:
         kind, message = _budget_alert(eff, r["host_total_bytes"], budget)
         found.append((kind, "critical", message))
-    if "memlock-too-low" in (json.loads(r["warnings"]) if r["warnings"] else []):
+    if _warns_memlock(r["warnings"]):
         found.append(("memlock-below-pinned-need", "critical", "RLIMIT_MEMLOCK is below the plan's pinned need"))
     if ooms_last_hour:
         found.append(("oom-kills", "critical", f"{ooms_last_hour} OOM kill(s) in the last hour"))

@@ -7,7 +7,8 @@ so a rate() over it works before the first failure). When the database cannot be
 still answers with these (and ``oomguard_manager_database_up 0``), without the node series.
 
 A node's gauge whose value is unknown (a report without usage, say) has no sample, never NaN or
-0; archived nodes have no series at all.
+0; usage and working set are sampled only while the node is online (an offline node's last
+reading is history, and Prometheus should see it go stale); archived nodes have no series at all.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ GAUGES = (
 )
 
 
+CURRENT_ONLY = ("usage_bytes", "working_set_bytes")  # sampled only while the node is online
+
+
 class _Nodes:
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
@@ -47,6 +51,8 @@ class _Nodes:
             g = GaugeMetricFamily(name, doc, labels=["node"])
             for r in self.rows:
                 v = r[key]
+                if key in CURRENT_ONLY and r["status"] != "online":
+                    continue  # an offline node's last usage is history, not a reading: no sample
                 if v is None and key == "memlock_soft_bytes" and r["effective_bytes"] is not None:
                     v = math.inf
                 if v is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, Float, and_, case, cast, func, select
 
 from oomguard.manager.alerts import alert_count, node_status, recent_exits
 from oomguard.manager.db import events, latest_reports, nodes
@@ -67,26 +67,32 @@ def _counted(now: int, interval_ms: int, node_ids: list[int] | None = None) -> t
     return nodes.outerjoin(recent, recent.c.node_id == nodes.c.id), computed
 
 
-def _working_set_ratio() -> Any:
-    """SQL: working set over the effective limit; NULL when either is unknown or the limit is 0."""
-    return nodes.c.working_set_bytes * 100.0 / func.nullif(nodes.c.effective_bytes, 0)
+def _working_set_ratio(status: Any) -> Any:
+    """SQL: working set over the effective limit, for an online node (*status*); NULL when either
+    is unknown, the limit is 0, or the node is not online (its last working set is not today's).
+
+    In floating point on both sides: dividing by an integer column makes SQLAlchemy cast it to
+    NUMERIC, which PostgreSQL then converts back to double for every one of 10,000 rows."""
+    ratio = cast(nodes.c.working_set_bytes, Float) * 100.0 / cast(func.nullif(nodes.c.effective_bytes, 0), Float)
+    return case((status == "online", ratio), else_=None)
 
 
 def _order(sort: str, computed: dict[str, Any]) -> list[Any]:
     """ORDER BY for *sort* (a key of SORT_KEYS, ``-`` for descending), then by name.
 
-    ``risk``: OOM kills in 24 h, then working set over limit (unknown last), then alerts, each
-    highest first; ``-risk`` reverses the three. ``working_set_pct`` puts unknown last both ways."""
+    ``risk``: OOM kills in 24 h, then working set over limit (unknown or not online last), then alerts, each
+    highest first; ``-risk`` reverses the three. ``working_set_pct`` puts unknown last both ways.
+    Unknown (NULL) goes first or last by ``NULLS FIRST``/``NULLS LAST`` (PostgreSQL, and SQLite
+    since 3.30.0: https://sqlite.org/lang_select.html#nullslast), not by a second key."""
     key, desc = sort.lstrip("-"), sort.startswith("-")
-    ratio = _working_set_ratio()
-    unknown = case((ratio.is_(None), 1), else_=0)
+    ratio = _working_set_ratio(computed["status"])
     if key == "risk":
         keys = [computed["oom_kills_24h"], ratio, computed["alerts"]]
         if desc:  # reversed: the least risky first, unknown working set first
-            return [keys[0].asc(), unknown.desc(), ratio.asc(), keys[2].asc(), nodes.c.name.asc()]
-        return [keys[0].desc(), unknown.asc(), ratio.desc(), keys[2].desc(), nodes.c.name.asc()]
+            return [keys[0].asc(), ratio.asc().nulls_first(), keys[2].asc(), nodes.c.name.asc()]
+        return [keys[0].desc(), ratio.desc().nulls_last(), keys[2].desc(), nodes.c.name.asc()]
     if key == "working_set_pct":
-        return [unknown.asc(), ratio.desc() if desc else ratio.asc(), nodes.c.name.asc()]
+        return [(ratio.desc() if desc else ratio.asc()).nulls_last(), nodes.c.name.asc()]
     special = {**computed, "last_seen": nodes.c.last_seen_ms}
     column = special[key] if key in special else nodes.c[key]
     return [column.desc() if desc else column.asc(), nodes.c.name.asc()]
@@ -146,7 +152,10 @@ def _summary(r: Any) -> dict[str, Any]:
         "budget_bytes": r["budget_bytes"],
         "usage_bytes": r["usage_bytes"],
         "working_set_bytes": r["working_set_bytes"],
-        "working_set_pct": working_set_pct(r["working_set_bytes"], r["effective_bytes"]),
+        # Current only while the node reports: an offline node's last working set is history.
+        "working_set_pct": working_set_pct(r["working_set_bytes"], r["effective_bytes"])
+        if r["status"] == "online"
+        else None,
         "limited_by": r["limited_by"],
         "runtime": r["runtime"],
         "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
@@ -217,21 +226,30 @@ def node_history(conn: Connection, name: str, limit: int, before: tuple[int, int
 def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
     """The dashboard's cards: nodes by status (``online``, ``offline``, ``run_only``, and
     ``archived``, which the other cards leave out), the total effective memory of the nodes not
-    archived, and their OOM kills and pressure stops of the last day (each counted once)."""
+    archived, and their OOM kills and pressure stops of the last day (each counted once).
+
+    One pass over the nodes, grouped by status, with each node's recent exits joined."""
     status = node_status(now, interval_ms)
+    recent = recent_exits(now)
+    per_status = (
+        select(
+            status,
+            func.count(nodes.c.id),
+            func.coalesce(func.sum(nodes.c.effective_bytes), 0),
+            func.coalesce(func.sum(recent.c.oom_24h), 0),
+            func.coalesce(func.sum(recent.c.stops_24h), 0),
+        )
+        .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
+        .group_by(status)
+    )
     out = {"online": 0, "offline": 0, "run_only": 0, "archived": 0, "effective_bytes": 0}
-    per_status = select(status, func.count(nodes.c.id), func.coalesce(func.sum(nodes.c.effective_bytes), 0))
-    for st, count, total in conn.execute(per_status.group_by(status)).all():
+    out["oom_kills_24h"] = out["pressure_stops_24h"] = 0
+    for st, count, total, ooms, stops in conn.execute(per_status).all():
         out[str(st).replace("-", "_")] = int(count)
         if st != "archived":
             out["effective_bytes"] += int(total)
-    recent = recent_exits(now)
-    ooms, stops = conn.execute(
-        select(func.coalesce(func.sum(recent.c.oom_24h), 0), func.coalesce(func.sum(recent.c.stops_24h), 0))
-        .select_from(recent.join(nodes, nodes.c.id == recent.c.node_id))
-        .where(nodes.c.archived_ms.is_(None))
-    ).one()
-    out["oom_kills_24h"], out["pressure_stops_24h"] = int(ooms), int(stops)
+            out["oom_kills_24h"] += int(ooms)
+            out["pressure_stops_24h"] += int(stops)
     return out
 
 
