@@ -50,6 +50,27 @@ def shared_pg() -> PostgresServer:
     return _PG
 
 
+def migrated_db(kind: str, tmp_path: Path, prefix: str) -> str:
+    """A migrated database URL of *kind* ("sqlite": a file in *tmp_path*; "postgresql": a fresh
+    database on the shared server, named *prefix* + random), for fixtures parametrized by kind;
+    skips, saying why on stderr, when PostgreSQL cannot run here."""
+    import pytest
+
+    from oomguard.manager.db import migrate
+
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'oomguard.db'}"
+    else:
+        try:
+            server = shared_pg()
+        except RuntimeError as why:
+            print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
+            pytest.skip(str(why))
+        url = server.create_db(prefix + uuid.uuid4().hex[:12])
+    migrate(url)
+    return url
+
+
 def _stop_pg() -> None:
     """SIGINT first: PostgreSQL's fast shutdown, which does not wait for the pools' idle connections."""
     if _PG.proc is not None and _PG.proc.poll() is None:

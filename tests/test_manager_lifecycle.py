@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from tests.manager_helpers import (
     envelope,
     fixture_report,
     local_client,
-    shared_pg,
+    migrated_db,
 )
 
 ADMIN = "admin-secret-token"
@@ -54,17 +53,7 @@ T0 = 1_800_000_000_000
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'oomguard.db'}"
-    else:
-        try:
-            server = shared_pg()
-        except RuntimeError as why:
-            print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
-            pytest.skip(str(why))
-        url = server.create_db("l_" + uuid.uuid4().hex[:12])
-    migrate(url)
-    return url
+    return migrated_db(request.param, tmp_path, "l_")
 
 
 class Clock:

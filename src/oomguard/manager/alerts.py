@@ -25,8 +25,16 @@ Alerts, per node that is not archived:
 - ``pressure-stops`` (warning): ``run --guard`` stopped the worker in the last hour before the
   kernel's OOM killer acted (exit reason ``pressure-stop``): counted apart, never an OOM kill.
 
-The database picks the nodes that have one (cheap at 10,000 nodes); ``node_alerts`` words them,
-and ``alert_count`` is the same policy as one SQL expression (the list's ``alerts`` column).
+The database picks the nodes that have one (cheap at 10,000 nodes; the queries are in
+``oomguard.manager.store.alerting``); ``node_alerts`` words them, ``kind_conditions`` is the
+policy per kind in SQL, and ``alert_count`` the same policy as one SQL expression (the list's
+``alerts`` column).
+
+Where SQL and Python both decide, they decide alike: the host's ballpark is compared in IEEE
+double precision on both sides (an integer column cast to FLOAT, as Python's ``float(int)``), and
+the memlock code is matched case-sensitively (SQLite's LIKE ignores ASCII case:
+https://sqlite.org/lang_expr.html#like; ``replace()`` does not). tests/test_alert_groups.py
+compares the two at those boundaries on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, or_, select
+from sqlalchemy import Float, and_, case, cast, func, literal, not_, or_, select
 
 from oomguard.manager.db import events, nodes
 from oomguard.manager.times import iso_ms
@@ -44,8 +52,19 @@ HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 MISSED_INTERVALS = 3
 HEARTBEAT_MS = 60_000  # a supervisor's heartbeat interval when it announced none
-MEMLOCK_WARNING = '%"memlock-too-low"%'  # in the JSON list of warning codes ([A-Za-z0-9._-] only)
+MEMLOCK_CODE = '"memlock-too-low"'  # in the JSON list of warning codes ([A-Za-z0-9._-] only)
+MEMLOCK_WARNING = f"%{MEMLOCK_CODE}%"
 STATUSES = ("online", "offline", "run-only", "archived")
+KINDS = {  # every alert kind and its severity, in the order node_alerts lists a node's alerts
+    "offline": "warning",
+    "budget-from-host": "critical",
+    "budget-above-limit": "critical",
+    "memlock-below-pinned-need": "critical",
+    "oom-kills": "critical",
+    "pressure-stops": "warning",
+}
+FROM_HOST_LIMIT = 0.8  # the limit is below this share of the host's RAM ...
+FROM_HOST_BUDGET = 0.5  # ... and the budget at least this share of it: sized from the host
 
 
 def node_status(now: int, default_interval_ms: int) -> Any:
@@ -91,6 +110,47 @@ def recent_exits(now: int, node_ids: list[int] | None = None) -> Any:
     )
 
 
+def memlock_sql() -> Any:
+    """SQL: the node's warning list names ``memlock-too-low``, case-sensitively as ``_warns_memlock``
+    (LIKE picks the rows cheaply; on SQLite it ignores case, ``replace()`` never does)."""
+    w = nodes.c.warnings
+    return and_(w.like(MEMLOCK_WARNING), func.replace(w, MEMLOCK_CODE, "") != w)
+
+
+def _from_host_sql() -> Any:
+    """SQL: ``_from_host`` in double precision (FLOAT is double on PostgreSQL, REAL on SQLite)."""
+    eff, host, budget = (
+        cast(c, Float) for c in (nodes.c.effective_bytes, nodes.c.host_total_bytes, nodes.c.budget_bytes)
+    )
+    return and_(
+        nodes.c.host_total_bytes.is_not(None),
+        eff < literal(FROM_HOST_LIMIT, Float) * host,
+        budget >= literal(FROM_HOST_BUDGET, Float) * host,
+    )
+
+
+def _exited_last_hour(now: int, reason: str) -> Any:
+    """SQL: the ids of the nodes with an exit event of *reason* received in the last hour (what
+    ``recent_exits`` counts as ``oom_1h`` or ``stops_1h``), for ``IN``."""
+    recent = and_(events.c.kind == "exit", events.c.reason == reason, events.c.received_ms > now - HOUR_MS)
+    return select(events.c.node_id).where(recent)
+
+
+def kind_conditions(now: int, default_interval_ms: int) -> dict[str, Any]:
+    """SQL: per alert kind (``KINDS``), whether a node not archived has it at *now*: the policy
+    of ``node_alerts`` on the same columns, the exits of the last hour as ``recent_exits`` counts
+    them (an ``IN`` list, computed once, not a join)."""
+    over = nodes.c.budget_bytes > nodes.c.effective_bytes
+    return {
+        "offline": node_status(now, default_interval_ms) == "offline",
+        "budget-from-host": and_(over, _from_host_sql()),
+        "budget-above-limit": and_(over, not_(_from_host_sql())),  # NULL host: not from the host
+        "memlock-below-pinned-need": memlock_sql(),
+        "oom-kills": nodes.c.id.in_(_exited_last_hour(now, "oom-kill")),
+        "pressure-stops": nodes.c.id.in_(_exited_last_hour(now, "pressure-stop")),
+    }
+
+
 def alert_count(status: Any, ooms_last_hour: Any, stops_last_hour: Any) -> Any:
     """SQL: how many alerts ``node_alerts`` gives the node (0 when archived), from the node's
     status and its OOM kills and pressure stops of the last hour (SQL expressions)."""
@@ -101,60 +161,26 @@ def alert_count(status: Any, ooms_last_hour: Any, stops_last_hour: Any) -> Any:
     total = (
         one(status == "offline")
         + one(nodes.c.budget_bytes > nodes.c.effective_bytes)  # budget-from-host or -above-limit: one of the two
-        + one(nodes.c.warnings.like(MEMLOCK_WARNING))
+        + one(memlock_sql())
         + one(ooms_last_hour > 0)
         + one(stops_last_hour > 0)
     )
     return case((nodes.c.archived_ms.is_not(None), 0), else_=total)
 
 
-def _candidates(now: int, default_interval_ms: int, recent: Any) -> Any:
-    """SQL: the nodes with at least one alert, the columns ``node_alerts`` reads."""
-    status = node_status(now, default_interval_ms)
+def _from_host(eff: int, host: int | None, budget: int) -> bool:
+    """The budget is in the host's ballpark while the limit is not: sized from the host's RAM.
+    In double precision, as ``_from_host_sql`` (``float(int)`` rounds as the databases' casts do)."""
     return (
-        select(
-            nodes.c.id,
-            nodes.c.name,
-            nodes.c.effective_bytes,
-            nodes.c.host_total_bytes,
-            nodes.c.budget_bytes,
-            nodes.c.warnings,
-            nodes.c.last_seen_ms,
-            nodes.c.warnings.is_(None).label("run_only"),
-            status.label("status"),
-            func.coalesce(recent.c.oom_1h, 0).label("oom_1h"),
-            func.coalesce(recent.c.stops_1h, 0).label("stops_1h"),
-        )
-        .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
-        .where(
-            nodes.c.archived_ms.is_(None),
-            or_(
-                status == "offline",
-                nodes.c.budget_bytes > nodes.c.effective_bytes,
-                nodes.c.warnings.like(MEMLOCK_WARNING),
-                recent.c.oom_1h > 0,
-                recent.c.stops_1h > 0,
-            ),
-        )
-        .order_by(nodes.c.name)
+        host is not None
+        and float(eff) < FROM_HOST_LIMIT * float(host)
+        and float(budget) >= FROM_HOST_BUDGET * float(host)
     )
 
 
-def fleet_alerts(
-    conn: Connection, now: int, default_interval_ms: int, limit: int | None = None
-) -> list[dict[str, Any]]:
-    """Every node's alerts, nodes by name; at most *limit*."""
-    rows = conn.execute(_candidates(now, default_interval_ms, recent_exits(now))).mappings().all()
-    out: list[dict[str, Any]] = []
-    for r in rows:
-        out.extend(node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"])))
-        if limit is not None and len(out) >= limit:
-            return out[:limit]
-    return out
-
-
 def _budget_alert(eff: int, host: int | None, budget: int) -> tuple[str, str]:
-    if host is not None and eff < 0.8 * host and budget >= 0.5 * host:  # in the host's ballpark
+    if _from_host(eff, host, budget):
+        assert host is not None
         return (
             "budget-from-host",
             f"budget {format_size(budget)} looks sized from the host's RAM ({format_size(host)}), "
@@ -203,4 +229,13 @@ def node_alerts(r: Any, ooms_last_hour: int, stops_last_hour: int = 0) -> list[d
     return [{"node": r["name"], "kind": k, "severity": s, "message": m} for k, s, m in found]
 
 
-__all__ = ["STATUSES", "alert_count", "fleet_alerts", "node_alerts", "node_status", "recent_exits"]
+__all__ = [
+    "KINDS",
+    "STATUSES",
+    "alert_count",
+    "kind_conditions",
+    "memlock_sql",
+    "node_alerts",
+    "node_status",
+    "recent_exits",
+]

@@ -1,4 +1,4 @@
-"""The dashboard's words for numbers: the Jinja filters, and the grouping of alerts.
+"""The dashboard's words for numbers: the Jinja filters, and how many alerts a group lists.
 
 One formatter per kind of value, used by every template:
 
@@ -30,6 +30,7 @@ from oomguard.units import format_size
 
 ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)")
 ALERTS_SHOWN = 5  # alerts listed per kind before "show all"
+ALERTS_PAGE = 500  # alerts listed a page at a time by "show all"
 
 
 def ago_text(ms: int, now_s: float | None = None) -> str:
@@ -132,24 +133,6 @@ def gpus(items: Any) -> str:
             name = str(g.get("name") or "GPU").removeprefix("NVIDIA ")
             groups[f"{name} {size(g.get('memory_total_bytes'), '?')}"] += 1
     return ", ".join(f"{n}× {label}" for label, n in groups.items()) or "-"
-
-
-def group_alerts(alerts: list[dict[str, Any]], show_all: str = "") -> list[dict[str, Any]]:
-    """Alerts by kind (critical kinds first, then the larger groups): ``{kind, severity, count,
-    alerts}``, each listing ``ALERTS_SHOWN`` unless its kind is *show_all*."""
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for a in alerts:
-        by_kind.setdefault(str(a.get("kind")), []).append(a)
-    groups = [
-        {
-            "kind": kind,
-            "severity": "critical" if any(a.get("severity") == "critical" for a in items) else "warning",
-            "count": len(items),
-            "alerts": items if kind == show_all else items[:ALERTS_SHOWN],
-        }
-        for kind, items in by_kind.items()
-    ]
-    return sorted(groups, key=lambda g: (g["severity"] != "critical", -g["count"], g["kind"]))
 
 
 FILTERS = {

@@ -24,7 +24,7 @@ from oomguard.manager.alerts import STATUSES
 from oomguard.manager.chart import RANGES, memory_chart
 from oomguard.manager.deps import SettingsDep, StoreDep, checked, client_of, db_read, token_ok
 from oomguard.manager.forget import NOTICE
-from oomguard.manager.formatting import group_alerts
+from oomguard.manager.formatting import ALERTS_PAGE, ALERTS_SHOWN
 from oomguard.manager.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
 from oomguard.manager.reportschema import conform_report
 from oomguard.manager.sessions import COOKIE, FailureLimiter, Sessions
@@ -69,18 +69,19 @@ async def index(
     sort: str = DEFAULT_SORT,
     offset: str = "0",
     show: Annotated[str, Query(alias="alerts", max_length=64)] = "",
+    alerts_offset: str = "0",
     notice: Annotated[str | None, Cookie(alias=NOTICE)] = None,
 ) -> Response:
-    """The fleet: cards, alerts grouped by kind (*show*: the kind listed in full), a page of nodes,
-    riskiest first unless *sort* says otherwise."""
+    """The fleet: cards, alerts grouped by kind (*show*: the kind listed in full, ``ALERTS_PAGE``
+    at a time from *alerts_offset*), a page of nodes, riskiest first unless *sort* says otherwise."""
     q = q.replace("\x00", "")[:128]  # PostgreSQL text cannot hold NUL
     status = status if status in STATUSES else ""
     sort = sort if sort.lstrip("-") in SORT_KEYS else DEFAULT_SORT
-    start = min(int(offset), 10_000_000) if re.fullmatch(r"[0-9]{1,9}", offset) else 0
+    start = _offset(offset)
     listing = await db_read(
         request, store.list_nodes, status=status or None, q=q or None, limit=PAGE_SIZE, offset=start, sort=sort
     )
-    alerts = await db_read(request, store.alerts)
+    alerts = await db_read(request, store.alert_groups, ALERTS_SHOWN, show, _offset(alerts_offset), ALERTS_PAGE)
     summary = await db_read(request, store.summary)
     current: dict[str, Any] = {"q": q, "status": status, "sort": sort, "offset": start}
     forgotten = notice if notice and is_valid_node_name(notice) else None
@@ -88,8 +89,10 @@ async def index(
         request,
         "index.html",
         listing=listing,
-        alert_groups=group_alerts(alerts, show),
-        alert_count=len(alerts),
+        alert_groups=alerts["groups"],
+        alert_count=alerts["total"],
+        alerts_page=ALERTS_PAGE,
+        shown_kind=show,
         summary=summary,
         page_size=PAGE_SIZE,
         columns=COLUMNS,
@@ -102,6 +105,11 @@ async def index(
     if notice is not None and request.query_params.get("fragment") != "1":
         response.delete_cookie(NOTICE, path="/", httponly=True, samesite="strict")  # shown once
     return response
+
+
+def _offset(text: str) -> int:
+    """An offset from the query string: digits only, at most 10,000,000; anything else is 0."""
+    return min(int(text), 10_000_000) if re.fullmatch(r"[0-9]{1,9}", text) else 0
 
 
 def chart_since_ms(chosen: str, now_s: float) -> int:

@@ -20,10 +20,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from oomguard.manager import alerts
 from oomguard.manager.models import EventEnvelope, ReportEnvelope
 from oomguard.manager.retention import FORGET_AFTER_S, Retention
-from oomguard.manager.store import queries
+from oomguard.manager.store import alerting, queries
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
 from oomguard.manager.store.queries import DEFAULT_SORT, SORT_KEYS
@@ -115,8 +114,17 @@ class Store:
             return queries.node_history(conn, name, max(1, limit), cursor)
 
     def alerts(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every open alert (at most *limit*), nodes by name: ``alerting.fleet_alerts``."""
         with self.engine.connect() as conn:
-            return alerts.fleet_alerts(conn, self.clock(), self.default_interval_ms, limit)
+            return alerting.fleet_alerts(conn, self.clock(), self.default_interval_ms, limit)
+
+    def alert_groups(self, shown: int, show_all: str = "", start: int = 0, page: int = 500) -> dict[str, Any]:
+        """The overview's alerts: the count of each kind and its first *shown* alerts (the kind
+        *show_all*: *page* of them from *start*), ``alerting.alert_groups``."""
+        with self.engine.connect() as conn:
+            return alerting.alert_groups(
+                conn, self.clock(), self.default_interval_ms, shown=shown, show_all=show_all, start=start, page=page
+            )
 
     def summary(self) -> dict[str, int]:
         with self.engine.connect() as conn:

@@ -1,0 +1,120 @@
+"""The alerts read from the database: every open alert (``fleet_alerts``, for the API) and the
+overview's groups (``alert_groups``): each kind's count in SQL (``alerts.kind_conditions``) and
+only the first few alerts of each worded by ``alerts.node_alerts``, so an outage (10,000 offline
+nodes) costs one pass over the nodes, not 10,000 alerts built in Python. The policy itself is
+``oomguard.manager.alerts``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, case, func, or_, select
+
+from oomguard.manager.alerts import KINDS, kind_conditions, memlock_sql, node_alerts, node_status, recent_exits
+from oomguard.manager.db import nodes
+
+
+def _alert_rows(now: int, default_interval_ms: int, recent: Any) -> Any:
+    """SQL: every node with the columns ``node_alerts`` reads, its recent exits (*recent*) joined."""
+    return select(
+        nodes.c.id,
+        nodes.c.name,
+        nodes.c.effective_bytes,
+        nodes.c.host_total_bytes,
+        nodes.c.budget_bytes,
+        nodes.c.warnings,
+        nodes.c.last_seen_ms,
+        nodes.c.warnings.is_(None).label("run_only"),
+        node_status(now, default_interval_ms).label("status"),
+        func.coalesce(recent.c.oom_1h, 0).label("oom_1h"),
+        func.coalesce(recent.c.stops_1h, 0).label("stops_1h"),
+    ).select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
+
+
+def _candidates(now: int, default_interval_ms: int, recent: Any) -> Any:
+    """SQL: the nodes with at least one alert, the columns ``node_alerts`` reads, by name."""
+    status = node_status(now, default_interval_ms)
+    return (
+        _alert_rows(now, default_interval_ms, recent)
+        .where(
+            nodes.c.archived_ms.is_(None),
+            or_(
+                status == "offline",
+                nodes.c.budget_bytes > nodes.c.effective_bytes,
+                memlock_sql(),
+                recent.c.oom_1h > 0,
+                recent.c.stops_1h > 0,
+            ),
+        )
+        .order_by(nodes.c.name)
+    )
+
+
+def fleet_alerts(
+    conn: Connection, now: int, default_interval_ms: int, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Every node's alerts, nodes by name; at most *limit*."""
+    rows = conn.execute(_candidates(now, default_interval_ms, recent_exits(now))).mappings().all()
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        out.extend(node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"])))
+        if limit is not None and len(out) >= limit:
+            return out[:limit]
+    return out
+
+
+def group_order(group: dict[str, Any]) -> tuple[bool, int, str]:
+    """The overview's order of alert groups: critical kinds first, then the larger groups."""
+    return (group["severity"] != "critical", -group["count"], group["kind"])
+
+
+def alert_groups(
+    conn: Connection,
+    now: int,
+    default_interval_ms: int,
+    *,
+    shown: int,
+    show_all: str = "",
+    start: int = 0,
+    page: int = 500,
+) -> dict[str, Any]:
+    """The overview's alerts: ``{total, groups}``, each group ``{kind, severity, count, start,
+    alerts}`` in ``group_order``; a group lists its first *shown* alerts (nodes by name, as
+    ``fleet_alerts`` orders them), the kind *show_all* its *page* alerts from *start*.
+
+    The counts are one pass over the nodes (``kind_conditions``); then, per kind that has any,
+    the ids of the nodes listed (in the database's name order), and one read of those rows alone,
+    worded by ``node_alerts``."""
+    conds = kind_conditions(now, default_interval_ms)
+    mine = nodes.c.archived_ms.is_(None)
+    counting = select(*(func.coalesce(func.sum(case((c, 1), else_=0)), 0) for c in conds.values())).where(mine)
+    counts = dict(zip(conds, map(int, conn.execute(counting).one()), strict=True))
+    listed: dict[str, list[int]] = {}
+    for kind, cond in conds.items():
+        if counts[kind]:
+            ids = select(nodes.c.id).where(mine, cond).order_by(nodes.c.name)
+            ids = ids.limit(page).offset(start) if kind == show_all else ids.limit(shown)
+            listed[kind] = [int(i) for i in conn.execute(ids).scalars()]
+    worded = _worded(conn, now, default_interval_ms, sorted({i for ids in listed.values() for i in ids}))
+    groups = [
+        {
+            "kind": kind,
+            "severity": KINDS[kind],
+            "count": counts[kind],
+            "start": start if kind == show_all else 0,
+            "alerts": [worded[(i, kind)] for i in ids if (i, kind) in worded],  # changed in between: left out
+        }
+        for kind, ids in listed.items()
+    ]
+    return {"total": sum(counts.values()), "groups": sorted(groups, key=group_order)}
+
+
+def _worded(conn: Connection, now: int, default_interval_ms: int, ids: list[int]) -> dict[tuple[int, str], Any]:
+    """The alerts of the nodes *ids*, by (node id, kind)."""
+    out: dict[tuple[int, str], Any] = {}
+    if ids:
+        rows = _alert_rows(now, default_interval_ms, recent_exits(now, ids)).where(nodes.c.id.in_(ids))
+        for r in conn.execute(rows).mappings():
+            for a in node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"])):
+                out[(int(r["id"]), a["kind"])] = a
+    return out
