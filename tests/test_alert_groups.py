@@ -221,5 +221,7 @@ def test_show_all_is_paged_on_the_dashboard(db_url: str) -> None:
         shown, html = listed(f"/?alerts=offline&alerts_offset={2 * ALERTS_PAGE}")
         assert shown == [f"node-{i:05d}" for i in range(2 * ALERTS_PAGE, n)]
         assert f"alerts_offset={ALERTS_PAGE}#alerts" in html and "previous" in html and "next" not in html
+        shown, html = listed("/?alerts=offline&alerts_offset=99999")  # past the end: said, and a way back
+        assert shown == [] and f"none past {n}" in html and f"alerts_offset={n - ALERTS_PAGE}#alerts" in html
         shown, html = listed("/?alerts=offline&alerts_offset=junk")  # a bad offset is the first page
         assert len(shown) == ALERTS_PAGE and shown[0] == "node-00000"

@@ -196,6 +196,21 @@ def test_the_cli_masks_the_password_in_its_errors_and_start_line(tmp_path: Path)
     )
 
 
+def test_an_old_sqlite_is_one_line_not_a_500_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RHEL 8's Python links SQLite 3.26: no RETURNING (3.35), no NULLS LAST (3.30)."""
+    import sqlite3
+
+    from oomguard.errors import UsageError
+
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 26, 0))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.26.0")
+    with pytest.raises(UsageError, match=r"^--db: this Python's SQLite is 3.26.0; the manager needs 3.35 or later"):
+        Settings(db_url="sqlite:///x.db").check()
+    Settings(db_url="postgresql://u@h/d").check()  # PostgreSQL does not care
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 35, 0))
+    Settings(db_url="sqlite:///x.db").check()
+
+
 def test_a_database_failure_log_masks_the_password(caplog: pytest.LogCaptureFixture) -> None:
     from oomguard.manager.health import DbHealth
     from oomguard.manager.redact import Redactor

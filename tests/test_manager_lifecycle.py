@@ -411,6 +411,19 @@ def test_silent_nodes_are_archived_and_come_back(client: TestClient, clock: Cloc
     assert listed(client)["silent"]["status"] == "online" and summary(client)["archived"] == 2
 
 
+def test_a_node_is_seen_offline_before_it_is_archived(db_url: str, clock: Clock) -> None:
+    """--forget-after 1 h, an agent reporting every 30 min: it is offline only after 90 min, so it
+    is not archived at 70 min (it would leave without ever alerting), but at the first pass after."""
+    with client_for(db_url, clock, forget_after_s=3600) as c:
+        store: Store = c.app.state.store  # type: ignore[attr-defined]
+        report(c, "slow", interval_s=1800)
+        clock.t += 70 * MIN_MS
+        assert store.thin()["archived_nodes"] == 0 and listed(c)["slow"]["status"] == "online"
+        clock.t += 21 * MIN_MS
+        assert [a["kind"] for a in alerts_of(c, "slow")] == ["offline"]  # seen, and alerting
+        assert store.thin()["archived_nodes"] == 1 and names(c, "status=archived") == ["slow"]
+
+
 def test_cards_leave_out_an_archived_nodes_recent_exits(client: TestClient) -> None:
     """The cards count each node's exits of the last day once, in the same pass as the statuses
     (queries.summary); an archived node's leave with it, whatever its status."""
@@ -459,7 +472,7 @@ def test_archiving_on_a_store_built_from_settings(tmp_path: Path) -> None:
     """``--forget-after`` reaches the retention pass through create_app."""
     url = f"sqlite:///{tmp_path / 's.db'}"
     migrate(url)
-    with local_client(create_app(Settings(db_url=url, forget_after_s=1.0))) as c:
+    with local_client(create_app(Settings(db_url=url, forget_after_s=1.0, interval_s=0.2))) as c:
         report(c, "brief")
         time.sleep(1.2)
         assert c.app.state.store.thin()["archived_nodes"] == 1  # type: ignore[attr-defined]

@@ -55,6 +55,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from oomguard.manager.alerts import node_status
 from oomguard.manager.db import events, metadata, nodes, reports
 from oomguard.manager.times import now_ms
 
@@ -108,6 +109,7 @@ class Retention:
         retention_ms: int,
         *,
         forget_after_ms: int | None = None,
+        default_interval_ms: int = 30_000,
         nodes_per_batch: int = 25,
         rows_per_batch: int = 1000,
         pause_s: float = 0.005,
@@ -115,6 +117,7 @@ class Retention:
     ) -> None:
         self.engine = engine
         self.retention_ms = retention_ms
+        self.default_interval_ms = default_interval_ms  # for "offline": a node is archived only then
         self.forget_after_ms = forget_after_ms  # None: nodes are never archived
         self.nodes_per_batch = nodes_per_batch
         self.rows_per_batch = rows_per_batch
@@ -147,8 +150,10 @@ class Retention:
         return {**totals, "skipped": 0}
 
     def _archive(self, conn: Connection, now: int) -> int:
-        """Archive the nodes silent since ``now - forget_after_ms`` (one statement; a node whose
-        report or event commits meanwhile is re-checked by the database and left alone)."""
+        """Archive the nodes silent since ``now - forget_after_ms`` that are offline by their own
+        interval (an agent may announce one longer than the manager's default; a node is seen
+        offline, and alerts, before it is archived). One statement; a node whose report or event
+        commits meanwhile is re-checked by the database and left alone."""
         if not self.forget_after_ms:
             return 0
         cut = now - self.forget_after_ms
@@ -156,6 +161,7 @@ class Retention:
             nodes.c.archived_ms.is_(None),
             nodes.c.last_seen_ms < cut,
             or_(nodes.c.last_event_ms.is_(None), nodes.c.last_event_ms < cut),
+            node_status(now, self.default_interval_ms) == "offline",
         )
         with conn.begin():
             archived = conn.execute(update(nodes).where(silent).values(archived_ms=now)).rowcount

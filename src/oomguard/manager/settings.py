@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import sqlite3
 from dataclasses import dataclass
 
 from oomguard.errors import UsageError
@@ -12,6 +13,7 @@ from oomguard.manager.redact import mask_url
 from oomguard.units import MiB
 
 DEFAULT_DB = "sqlite:///oomguard.db"
+SQLITE_MIN = (3, 35, 0)
 DB_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg")
 MIN_TOKEN = 16  # characters, off loopback: `openssl rand -hex 32` gives 64
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -118,6 +120,13 @@ class Settings:
             what = f"scheme {scheme!r}" if scheme else f"URL {mask_url(self.db_url)!r}"
             raise UsageError(
                 f"--db: unsupported database {what}: use sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+            )
+        if scheme == "sqlite" and sqlite3.sqlite_version_info < SQLITE_MIN:
+            # The writer's INSERT ... RETURNING needs 3.35 (https://sqlite.org/lang_returning.html),
+            # the risk sort's NULLS LAST 3.30 (https://sqlite.org/lang_select.html#nullslast).
+            raise UsageError(
+                f"--db: this Python's SQLite is {sqlite3.sqlite_version}; the manager needs 3.35 or later "
+                "(or use postgresql://USER@HOST/DATABASE)"
             )
 
     @staticmethod

@@ -50,7 +50,9 @@ class Store:
         self.clock = clock
         self._writer = Writer(engine, clock)
         forget_ms = int(forget_after_s * 1000) if forget_after_s else None
-        self.retention = Retention(engine, self.retention_ms, forget_after_ms=forget_ms)
+        self.retention = Retention(
+            engine, self.retention_ms, forget_after_ms=forget_ms, default_interval_ms=self.default_interval_ms
+        )
 
     # -- writes --------------------------------------------------------------------------------
     async def ingest_report_async(self, env: ReportEnvelope, report_json: str, sent_ms: int | None = None) -> bool:
