@@ -25,11 +25,11 @@ sys.path.insert(0, str(REPO))
 
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import BigInteger, insert, literal, text, update  # noqa: E402
-from tests.manager_helpers import fixture_report  # noqa: E402
+from tests.manager_helpers import fixture_report, write_history, write_latest  # noqa: E402
 from tests.pg import PostgresServer  # noqa: E402
 
 from oomguard.manager.app import create_app  # noqa: E402
-from oomguard.manager.db import events, latest_reports, make_engine, migrate, nodes, reports  # noqa: E402
+from oomguard.manager.db import events, make_engine, migrate, nodes  # noqa: E402
 from oomguard.manager.settings import Settings  # noqa: E402
 from oomguard.manager.store import Store  # noqa: E402
 
@@ -73,28 +73,8 @@ def populate(url: str, n_nodes: int) -> float:
                 for i in range(n_nodes)
             ],
         )
-        conn.execute(  # the node page's latest report (migration 0005: a table of its own)
-            insert(latest_reports),
-            [{"node_id": i, "received_ms": now, "report": latest} for i in range(1, n_nodes + 1)],
-        )
-    ingest = 0
-    for first in range(1, n_nodes + 1, 500):
-        rows = [
-            {
-                "node_id": node_id,
-                "ingest_id": f"r-{node_id}-{k}",
-                "received_ms": t,
-                "effective_bytes": 342 << 30,
-                "budget_bytes": 332 << 30,
-                "usage_bytes": (200 + k % 50) << 30,
-                "working_set_bytes": (150 + k % 40) << 30,
-            }
-            for node_id in range(first, min(first + 500, n_nodes + 1))
-            for k, t in enumerate(times)
-        ]
-        with engine.begin() as conn:
-            conn.execute(insert(reports), rows)
-        ingest += len(rows)
+        write_latest(conn, range(1, n_nodes + 1), now, latest)  # the node page's (migration 0005)
+    write_history(engine, n_nodes, lambda node_id: times, batch=500)
     with engine.begin() as conn:
         conn.execute(
             insert(events),

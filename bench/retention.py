@@ -40,10 +40,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sqlalchemy import insert, text  # noqa: E402
-from tests.manager_helpers import fixture_report, free_port  # noqa: E402
+from tests.manager_helpers import fixture_report, free_port, write_history, write_latest  # noqa: E402
 from tests.pg import PostgresServer  # noqa: E402
 
-from oomguard.manager.db import latest_reports, make_engine, migrate, nodes, reports  # noqa: E402
+from oomguard.manager.db import make_engine, migrate, nodes  # noqa: E402
 from oomguard.manager.retention import state  # noqa: E402
 
 HOUR, MIN, DAY = 3_600_000, 60_000, 86_400_000
@@ -157,28 +157,8 @@ def populate(url: str, n_nodes: int, times_of: Callable[[int, int], list[int]], 
     latest = json.dumps(fixture_report())
     with engine.begin() as conn:
         conn.execute(insert(nodes), [node_row(i, now) for i in range(n_nodes)])
-        conn.execute(
-            insert(latest_reports),
-            [{"node_id": i, "received_ms": now, "report": latest} for i in range(1, n_nodes + 1)],
-        )
-    total = 0
-    for first in range(1, n_nodes + 1, 200):
-        rows = [
-            {
-                "node_id": node_id,
-                "ingest_id": f"r-{node_id}-{k}",
-                "received_ms": t,
-                "effective_bytes": 342 << 30,
-                "budget_bytes": 332 << 30,
-                "usage_bytes": (200 + k % 50) << 30,
-                "working_set_bytes": (150 + k % 40) << 30,
-            }
-            for node_id in range(first, min(first + 200, n_nodes + 1))
-            for k, t in enumerate(times_of(now, node_id))
-        ]
-        with engine.begin() as conn:
-            conn.execute(insert(reports), rows)
-        total += len(rows)
+        write_latest(conn, range(1, n_nodes + 1), now, latest)
+    total = write_history(engine, n_nodes, lambda node_id: times_of(now, node_id), batch=200)
     with engine.begin() as conn:  # the planner's statistics, as a database in service has them
         conn.execute(text("ANALYZE"))
     engine.dispose()

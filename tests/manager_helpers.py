@@ -50,23 +50,69 @@ def shared_pg() -> PostgresServer:
     return _PG
 
 
-def migrated_db(kind: str, tmp_path: Path, prefix: str) -> str:
-    """A migrated database URL of *kind* ("sqlite": a file in *tmp_path*; "postgresql": a fresh
-    database on the shared server, named *prefix* + random), for fixtures parametrized by kind;
-    skips, saying why on stderr, when PostgreSQL cannot run here."""
+def write_latest(conn: Any, node_ids: Any, received_ms: int, report_json: str) -> None:
+    """Each node's latest whole report (the node page's), written straight into the database."""
+    from sqlalchemy import insert
+
+    from oomguard.manager.db import latest_reports
+
+    rows = [{"node_id": i, "received_ms": received_ms, "report": report_json} for i in node_ids]
+    conn.execute(insert(latest_reports), rows)
+
+
+def write_history(engine: Any, n_nodes: int, times_of: Any, batch: int) -> int:
+    """Stored reports of nodes 1..*n_nodes* at the receive times ``times_of(node_id)`` (the 342 GiB
+    container's numbers), written straight into the database, *batch* nodes a transaction; the
+    number of rows written."""
+    from sqlalchemy import insert
+
+    from oomguard.manager.db import reports
+
+    total = 0
+    for first in range(1, n_nodes + 1, batch):
+        rows = [
+            {
+                "node_id": node_id,
+                "ingest_id": f"r-{node_id}-{k}",
+                "received_ms": t,
+                "effective_bytes": 342 << 30,
+                "budget_bytes": 332 << 30,
+                "usage_bytes": (200 + k % 50) << 30,
+                "working_set_bytes": (150 + k % 40) << 30,
+            }
+            for node_id in range(first, min(first + batch, n_nodes + 1))
+            for k, t in enumerate(times_of(node_id))
+        ]
+        with engine.begin() as conn:
+            conn.execute(insert(reports), rows)
+        total += len(rows)
+    return total
+
+
+def pg_or_skip() -> PostgresServer:
+    """``shared_pg()``, or pytest.skip, saying why on stderr, where PostgreSQL cannot run here."""
     import pytest
 
+    try:
+        return shared_pg()
+    except RuntimeError as why:
+        print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
+        pytest.skip(str(why))
+
+
+def db_url_of(kind: str, tmp_path: Path, prefix: str, filename: str = "oomguard.db") -> str:
+    """A database URL of *kind*, for fixtures parametrized by kind: "sqlite", a file *filename* in
+    *tmp_path*; "postgresql", a fresh database on the shared server, named *prefix* + random."""
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / filename}"
+    return pg_or_skip().create_db(prefix + uuid.uuid4().hex[:12])
+
+
+def migrated_db(kind: str, tmp_path: Path, prefix: str) -> str:
+    """``db_url_of``, migrated to the head revision."""
     from oomguard.manager.db import migrate
 
-    if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'oomguard.db'}"
-    else:
-        try:
-            server = shared_pg()
-        except RuntimeError as why:
-            print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
-            pytest.skip(str(why))
-        url = server.create_db(prefix + uuid.uuid4().hex[:12])
+    url = db_url_of(kind, tmp_path, prefix)
     migrate(url)
     return url
 

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -102,3 +104,24 @@ def writable_parent() -> tuple[int, Path] | tuple[None, str]:
 
 def python_exe() -> str:
     return shutil.which("python3") or sys.executable
+
+
+@contextmanager
+def limited_group(limit: int | None = None, *, no_swap: bool = False) -> Iterator[Group]:
+    """A fresh child group under ``writable_parent()`` (pytest.skip, with the reason, where there is
+    none), limited to *limit* when given, and with *no_swap* on v1 its memory+swap too, so a test
+    cannot escape into swap; removed afterwards."""
+    version, parent = writable_parent()
+    if version is None:
+        import pytest
+
+        pytest.skip(f"real cgroups unavailable: {parent}")
+    g = Group(version, Path(parent))
+    try:
+        if limit is not None:
+            g.set_limit(limit)
+            if no_swap and version == 1 and (g.dir / "memory.memsw.limit_in_bytes").exists():
+                g.write("memory.memsw.limit_in_bytes", str(limit))
+        yield g
+    finally:
+        g.close()

@@ -20,7 +20,7 @@ import pytest
 
 from oomguard.manager.chart import segments, y_step
 from oomguard.manager.formatting import gpus, timed
-from tests.manager_helpers import ManagerProcess, fixture_report
+from tests.manager_helpers import ManagerProcess, fixture_report, write_latest
 from tests.test_dashboard import Browser, Page, api, browser, logged_in, pytestmark, rows, shot  # noqa: F401
 
 GiB = 1 << 30
@@ -120,7 +120,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]:
     """10,000 nodes written straight into the database (the API would take minutes)."""
     from sqlalchemy import insert, select
 
-    from oomguard.manager.db import events, latest_reports, make_engine, migrate, nodes
+    from oomguard.manager.db import events, make_engine, migrate, nodes
 
     url = f"sqlite:///{tmp_path_factory.mktemp('big') / 'fleet.db'}"
     migrate(url)
@@ -150,10 +150,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]:
         runners = [{"name": f"runner-{i}", "first_seen_ms": now, "last_seen_ms": now} for i in range(BIG_RUN_ONLY)]
         conn.execute(insert(nodes), runners)
         ids = dict(conn.execute(select(nodes.c.name, nodes.c.id)).all())
-        conn.execute(
-            insert(latest_reports),
-            [{"node_id": ids[f"node-{i:05d}"], "received_ms": now, "report": latest} for i in range(BIG)],
-        )
+        write_latest(conn, (ids[f"node-{i:05d}"] for i in range(BIG)), now, latest)
         conn.execute(
             insert(events),
             [

@@ -18,7 +18,7 @@ import pytest
 from oomguard.cli import parse
 from oomguard.commands.run import worker_argv
 from tests.conftest import REPO
-from tests.realcgroup import Group, writable_parent
+from tests.realcgroup import Group, limited_group, writable_parent
 
 ENTRYPOINT = REPO / "deploy" / "worker" / "entrypoint.sh"
 URL = "http://oomguard-manager.example:8080"
@@ -137,13 +137,8 @@ VERSION, PARENT = writable_parent()
 
 @pytest.fixture
 def group() -> Iterator[Group]:
-    if VERSION is None:
-        pytest.skip(f"real cgroups unavailable: {PARENT}")
-    g = Group(VERSION, Path(PARENT))
-    try:
+    with limited_group() as g:
         yield g
-    finally:
-        g.close()
 
 
 def _real_oomguard(tmp_path: Path) -> dict[str, str]:

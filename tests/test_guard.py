@@ -43,7 +43,7 @@ from oomguard.supervisor.guard import (
 )
 from oomguard.supervisor.isolate import Isolation
 from tests.conftest import REPO
-from tests.realcgroup import Group, writable_parent
+from tests.realcgroup import Group, limited_group, writable_parent
 from tests.test_exits import cgroup_tree
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -461,15 +461,8 @@ time.sleep(1.0 if shed else 0)
 
 @pytest.fixture
 def group() -> Iterator[Group]:
-    assert VERSION is not None
-    g = Group(VERSION, Path(PARENT))
-    g.set_limit(512 * MiB)
-    if VERSION == 1 and (g.dir / "memory.memsw.limit_in_bytes").exists():
-        g.write("memory.memsw.limit_in_bytes", str(512 * MiB))
-    try:
+    with limited_group(512 * MiB, no_swap=True) as g:
         yield g
-    finally:
-        g.close()
 
 
 def oom_kills(g: Group) -> int:

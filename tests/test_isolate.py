@@ -28,7 +28,7 @@ from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import DirRoot, LiveRoot
 from oomguard.supervisor.isolate import Isolation, isolation_limit
 from tests.conftest import REPO
-from tests.realcgroup import Group, writable_parent
+from tests.realcgroup import Group, limited_group, writable_parent
 
 MiB, GiB = 1024**2, 1024**3
 CG = "/sys/fs/cgroup"
@@ -336,15 +336,12 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("OOMGUARD_")} | {
 
 @pytest.fixture
 def group() -> Iterator[Group]:
-    assert VERSION is not None
-    g = Group(VERSION, Path(PARENT))
-    g.set_limit(GiB)
-    try:
-        yield g
-    finally:
-        for leftover in g.dir.glob("oomguard-run-*"):  # a failed test's: kill what is in it, remove it
-            Isolation(str(leftover), 1, LiveRoot(), CgroupFS()).remove()
-        g.close()
+    with limited_group(GiB) as g:
+        try:
+            yield g
+        finally:
+            for leftover in g.dir.glob("oomguard-run-*"):  # a failed test's: kill what is in it, remove it
+                Isolation(str(leftover), 1, LiveRoot(), CgroupFS()).remove()
 
 
 def v1_report(g: Group) -> Any:

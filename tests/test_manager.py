@@ -28,29 +28,23 @@ from tests.manager_helpers import (
     VIEWER_H,
     GiB,
     ManagerProcess,
+    db_url_of,
     envelope,
     fixture_report,
     local_client,
-    shared_pg,
+    pg_or_skip,
 )
 from tests.pg import PostgresServer
 
 
 @pytest.fixture(scope="session")
 def pg() -> PostgresServer:
-    try:
-        return shared_pg()
-    except RuntimeError as why:
-        print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
-        pytest.skip(str(why))
+    return pg_or_skip()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'oomguard.db'}"
-    server: PostgresServer = request.getfixturevalue("pg")
-    return server.create_db("t_" + uuid.uuid4().hex[:12])
+    return db_url_of(request.param, tmp_path, "t_")
 
 
 def make_client(db_url: str, **settings: Any) -> TestClient:

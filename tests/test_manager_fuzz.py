@@ -32,7 +32,7 @@ from schemathesis.checks import not_a_server_error
 from oomguard.manager.app import create_app
 from oomguard.manager.db import migrate
 from oomguard.manager.settings import Settings
-from tests.manager_helpers import fixture_report, local_client, shared_pg
+from tests.manager_helpers import db_url_of, fixture_report, local_client
 
 COUNTS = {"schemathesis cases": 0, "hypothesis bodies": 0, "hypothesis deletes": 0, "server errors": 0}
 ADMIN = "fuzz-admin-token"
@@ -41,14 +41,7 @@ NODES = ("fuzz-a", "fuzz-b", "fuzz.c_1")
 
 
 def _db_url(kind: str, tmp: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp / 'fuzz.db'}"
-    try:
-        server = shared_pg()
-    except RuntimeError as why:
-        print(f"\nSKIP PostgreSQL fuzzing: {why}", file=sys.stderr)
-        pytest.skip(str(why))
-    return server.create_db("fuzz_" + uuid.uuid4().hex[:12])
+    return db_url_of(kind, tmp, "fuzz_", "fuzz.db")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

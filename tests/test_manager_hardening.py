@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,10 @@ from tests.manager_helpers import (
     VIEWER,
     VIEWER_H,
     ManagerProcess,
+    db_url_of,
     envelope,
     fixture_report,
     local_client,
-    shared_pg,
 )
 from tests.pg import PostgresServer
 
@@ -43,14 +42,7 @@ REPORTS = "/api/v1/reports"
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'oomguard.db'}"
-    try:
-        server = shared_pg()
-    except RuntimeError as why:
-        print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
-        pytest.skip(str(why))
-    return server.create_db("h_" + uuid.uuid4().hex[:12])
+    return db_url_of(request.param, tmp_path, "h_")
 
 
 def client_for(db_url: str, **settings: Any) -> TestClient:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.realcgroup import Group, writable_parent
+from tests.realcgroup import Group, limited_group, writable_parent
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -28,12 +28,8 @@ pytestmark = [
 
 @pytest.fixture
 def group() -> Iterator[Group]:
-    assert VERSION is not None
-    g = Group(VERSION, Path(PARENT))
-    try:
+    with limited_group() as g:
         yield g
-    finally:
-        g.close()
 
 
 def check(g: Group, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]

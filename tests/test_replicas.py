@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,23 +19,16 @@ from sqlalchemy import func, select, text
 
 from oomguard.manager.db import alembic_config, events, make_engine, reports
 from tests.conftest import REPO
-from tests.manager_helpers import AGENT, AGENT_H, VIEWER_H, ManagerProcess, envelope, fixture_report
+from tests.manager_helpers import AGENT, AGENT_H, VIEWER_H, ManagerProcess, envelope, fixture_report, pg_or_skip
 from tests.pg import PostgresServer
 
-_PG = PostgresServer()
 AGENTS, ROUNDS, RACED, RACED_EVENTS = 6, 2, 200, 20
 ADMIN = "admin-secret-token"
 
 
 @pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    why = _PG.unavailable()
-    if why:
-        print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
-        pytest.skip(why)
-    _PG.start()
-    yield _PG
-    _PG.stop()
+def pg() -> PostgresServer:
+    return pg_or_skip()
 
 
 def call(port: int, method: str, path: str, body: Any = None, conn: http.client.HTTPConnection | None = None) -> Any:

@@ -20,7 +20,7 @@ from oomguard import MemoryBudget, Reservation
 from oomguard.policy.watch import MAX_OVERSHOOT, Watch, guard_margin, read_working_set
 from oomguard.sources.root import DirRoot
 from tests.conftest import REPO
-from tests.realcgroup import Group, writable_parent
+from tests.realcgroup import Group, limited_group, writable_parent
 from tests.test_cli import make_tree
 
 MiB = 1024 * 1024
@@ -408,13 +408,8 @@ print(json.dumps(out))
 
 @pytest.fixture
 def group() -> Iterator[Group]:
-    if VERSION is None:
-        pytest.skip(f"real cgroups unavailable: {PARENT}")
-    g = Group(VERSION, Path(PARENT))
-    try:
+    with limited_group() as g:
         yield g
-    finally:
-        g.close()
 
 
 def test_real_cgroup_admits_by_what_the_kernel_sees(group: Group) -> None:

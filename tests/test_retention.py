@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,35 +19,22 @@ from oomguard.manager.models import EventEnvelope, ReportEnvelope
 from oomguard.manager.retention import HOUR_MS, LOCK_KEY
 from oomguard.manager.store import Store
 from oomguard.manager.times import iso_ms
-from tests.manager_helpers import envelope, fixture_report
+from tests.manager_helpers import envelope, fixture_report, migrated_db, pg_or_skip
 from tests.pg import PostgresServer
 
 MIN_MS = 60_000
 DAY_MS = 24 * HOUR_MS
 REPORT = fixture_report()
-_PG = PostgresServer()
 
 
 @pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    why = _PG.unavailable()
-    if why:
-        print(f"\nSKIP PostgreSQL tests: {why}", file=sys.stderr)
-        pytest.skip(why)
-    _PG.start()
-    yield _PG
-    _PG.stop()
+def pg() -> PostgresServer:
+    return pg_or_skip()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'oomguard.db'}"
-    else:
-        server: PostgresServer = request.getfixturevalue("pg")
-        url = server.create_db("r_" + uuid.uuid4().hex[:12])
-    migrate(url)
-    return url
+    return migrated_db(request.param, tmp_path, "r_")
 
 
 class Clock:

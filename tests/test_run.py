@@ -36,8 +36,9 @@ from oomguard.supervisor.restart import RestartPolicy
 from oomguard.supervisor.supervise import RunConfig, Supervisor, prepare_child, substitute
 from oomguard.units import format_size_exact, parse_duration
 from tests.conftest import REPO
-from tests.realcgroup import Group, writable_parent
+from tests.realcgroup import Group, limited_group, writable_parent
 from tests.test_exits import OOM_WORKER, V2_EVENTS, cgroup_tree, supervise_in_tree
+from tests.workers import KILLED_9, OUTSIDER
 
 MiB = 1024**2
 GiB = 1024**3
@@ -670,15 +671,8 @@ needs_cgroup = pytest.mark.skipif(VERSION is None, reason=f"real cgroups unavail
 
 @pytest.fixture
 def group() -> Iterator[Group]:
-    assert VERSION is not None
-    g = Group(VERSION, Path(PARENT))
-    g.set_limit(700 * MiB)
-    if VERSION == 1 and (g.dir / "memory.memsw.limit_in_bytes").exists():
-        g.write("memory.memsw.limit_in_bytes", str(700 * MiB))
-    try:
+    with limited_group(700 * MiB, no_swap=True) as g:
         yield g
-    finally:
-        g.close()
 
 
 def run_in(group: Group, tmp_path: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
@@ -818,30 +812,6 @@ def test_a_descendants_oom_kill_steps_concurrency_down(group: Group, tmp_path: P
         "a descendant of the worker was OOM-killed (oom_kill +1); the worker then ended with code 3"
     )
     assert next(e for e in ev if e["event"] == "restart")["message"] == "after an OOM kill: concurrency 3 -> 2"
-
-
-# A process of the group outside the supervisor's tree: it says its PID, waits for GO, then
-# allocates far past the group's limit, first in line for the OOM killer.
-OUTSIDER = (
-    "import os, sys, time\n"
-    "open('/proc/self/oom_score_adj', 'w').write('1000')\n"
-    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
-    "while not os.path.exists(sys.argv[2]): time.sleep(0.01)\n"
-    "chunks = []\n"
-    "while True:  # 16 MiB at a time until the OOM killer ends it\n"
-    "    c = bytearray(16 << 20); c[::4096] = b'x' * (len(c) // 4096); chunks.append(c)\n"
-)
-# The worker: says GO, waits until the outsider is dead, then is killed -9 (as by an operator).
-KILLED_9 = (
-    "import os, signal, sys, time\n"
-    "open(sys.argv[1], 'w').write('1')\n"
-    "pid = sys.argv[2]\n"
-    "def alive():\n"
-    "    try: return open('/proc/%s/stat' % pid).read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
-    "    except FileNotFoundError: return False\n"
-    "while alive(): time.sleep(0.01)\n"
-    "os.kill(os.getpid(), signal.SIGKILL)\n"
-)
 
 
 @needs_cgroup

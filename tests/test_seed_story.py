@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.realcgroup import Group, writable_parent
+from tests.realcgroup import Group, limited_group, writable_parent
 
 MiB = 1024 * 1024
 LIMIT = 384 * MiB  # far below MemTotal here (23.5 GiB) and below it in the 1 GiB VM
@@ -52,15 +52,8 @@ pytestmark = pytest.mark.skipif(VERSION is None, reason=f"real cgroups unavailab
 
 @pytest.fixture
 def group() -> Iterator[Group]:
-    assert VERSION is not None
-    g = Group(VERSION, Path(PARENT))
-    try:
-        g.set_limit(LIMIT)
-        if VERSION == 1 and (g.dir / "memory.memsw.limit_in_bytes").exists():
-            g.write("memory.memsw.limit_in_bytes", str(LIMIT))  # no escape into swap
+    with limited_group(LIMIT, no_swap=True) as g:  # no escape into swap
         yield g
-    finally:
-        g.close()
 
 
 def _env() -> dict[str, str]:
