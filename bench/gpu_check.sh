@@ -37,6 +37,11 @@ for g in gpus:
 if not gpus:
     problems.append("no GPU in the report")
 print(f"  pinned probe (cudaHostAlloc 1 GiB): {pinned}")
+charged = pinned.get("charged") or {}
+# Where CUDA's pinned memory is charged (docs/plan.md): expected RssShmem and the cgroup's shmem
+# up by 1 GiB, VmLck flat (MakazhanAlpamys/Soup#655). Recorded, not judged: this settles the rule.
+print(f"  charged while held: VmLck {charged.get('vm_lck_bytes')} B, RssShmem {charged.get('rss_shmem_bytes')} B, "
+      f"cgroup shmem {charged.get('cgroup_shmem_bytes')} B ({charged.get('cgroup_stat_file')})")
 if pinned["skipped"]:
     problems.append("pinned probe skipped: " + pinned["skipped"])
 elif not pinned["ok"]:

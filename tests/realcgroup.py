@@ -61,6 +61,12 @@ class Group:
     def write(self, name: str, value: str) -> None:
         (self.dir / name).write_text(value)
 
+    def oom_kills(self) -> int:
+        """The kernel's ``oom_kill`` count of this group (v1 memory.oom_control, v2 memory.events)."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        line = next(x for x in (self.dir / name).read_text().splitlines() if x.startswith("oom_kill "))
+        return int(line.split()[1])
+
     def run(self, *cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """Run *cmd* with its process placed in this group before it starts."""
         procs = self.dir / "cgroup.procs"

@@ -515,6 +515,24 @@ def test_real_mlock_probe_without_cap_ipc_lock(tmp_path: Path, ulimit_kib: int, 
     assert ml["probe"]["bytes"] == 4 * MiB and ml["probe"]["ok"] is ok
     if not ok:
         assert ml["probe"]["errno"] in (1, 12)  # EPERM or ENOMEM: over RLIMIT_MEMLOCK
+    else:  # mlock'ed private memory is VmLck (RLIMIT_MEMLOCK's count), not shmem
+        charged = ml["probe"]["charged"]
+        assert (charged["vm_lck_bytes"], charged["rss_shmem_bytes"]) == (4 * MiB, 0), charged
+
+
+def test_the_mlock_probe_says_where_the_kernel_charged_it() -> None:
+    """VmLck rises by the size, RssShmem does not; the cgroup's shmem moves only with shmem pages."""
+    proc = run_oomguard("check", "--json", "--no-gpu", "--probe-mlock", "6MiB")
+    assert proc.returncode == 0, proc.stderr
+    probe = json.loads(proc.stdout)["memlock"]["probe"]
+    if not probe["ok"]:
+        pytest.skip(f"mlock of 6 MiB is refused here ({probe['error']}): nothing was charged")
+    charged = probe["charged"]
+    assert charged["vm_lck_bytes"] == 6 * MiB
+    assert charged["held"]["vm_lck_bytes"] - charged["before"]["vm_lck_bytes"] == 6 * MiB
+    assert charged["rss_shmem_bytes"] == 0
+    assert charged["cgroup_stat_file"] is None or charged["cgroup_stat_file"].endswith("/memory.stat")
+    assert charged["cgroup_shmem_bytes"] is None or abs(charged["cgroup_shmem_bytes"]) < 6 * MiB
 
 
 def test_pinned_probe_without_libcudart_is_skipped() -> None:
@@ -525,3 +543,4 @@ def test_pinned_probe_without_libcudart_is_skipped() -> None:
     else:
         print(f"\nSKIP reason (CUDA pinned probe): {pinned['skipped']}", file=sys.stderr)
         assert pinned["ok"] is None and "no libcudart found" in pinned["skipped"]
+        assert pinned["charged"] is None

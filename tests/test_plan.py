@@ -18,6 +18,7 @@ from tests.test_cli import make_tree
 
 GiB = 1024**3
 MiB = 1024**2
+KiB = 1024
 
 
 def report_with(
@@ -107,11 +108,13 @@ def test_a_pinned_baseline_above_memlock_fits_no_job() -> None:
     assert (p["concurrency"], p["binding"]) == (0, "memlock")
     assert p["capacity"] == {"memory": 18, "memlock": 0, "gpu": None, "max_jobs": 18, "cpu": None}
     assert p["explanation"] == (
-        "0 jobs, memlock binds: the 44 GiB pinned baseline is above RLIMIT_MEMLOCK (8 MiB) (no CAP_IPC_LOCK)"
+        "0 jobs, memlock binds: the 44 GiB pinned baseline is above RLIMIT_MEMLOCK (8 MiB) "
+        "(no CAP_IPC_LOCK, pin method mlock)"
     )
     assert [w["code"] for w in report["warnings"]] == ["memlock-too-low"]
     assert report["warnings"][0]["message"].startswith(
-        "RLIMIT_MEMLOCK (8 MiB) is below the 44 GiB pinned baseline: pinning it fails, so no job can run; raise it"
+        "RLIMIT_MEMLOCK (8 MiB) is below the 44 GiB pinned baseline: pinning it (pin method mlock) fails, "
+        "so no job can run; raise it"
     )
     # with pinned memory per job too, the baseline still decides first
     p = plan(report_with(332 * GiB, memlock=8 * MiB), Shape(GiB, pinned_per_job=MiB, pinned_baseline=44 * GiB))
@@ -139,12 +142,54 @@ def test_plan_command_refuses_a_pinned_baseline_above_memlock(tmp_path: Path) ->
     assert proc.stderr == "oomguard: error: --require-jobs: 0 jobs fit, 1 required\n"
     assert proc.stdout.startswith("oomguard plan: 0 jobs, memlock binds: the 44 GiB pinned baseline is above")
     assert "memlock-too-low: RLIMIT_MEMLOCK (8 MiB) is below the 44 GiB pinned baseline" in proc.stdout
-    # the built-in profile declares the SRS as its pinned baseline, so --profile checks it too
+    # the same pinned memory registered for RDMA (ibv_reg_mr) is charged to RLIMIT_MEMLOCK too
+    proc = run_oomguard(*args, "--pin-method", "rdma")
+    assert proc.returncode == 3, proc
+    assert "pinning it (pin method rdma, ibv_reg_mr) fails" in proc.stdout
+
+
+def test_the_pin_method_decides_whether_memlock_can_refuse() -> None:
+    """cuda is charged to the memory cgroup, never to RLIMIT_MEMLOCK; mlock and rdma are, unless CAP_IPC_LOCK."""
+    shape = {"per_job": 14 * GiB, "baseline": 70 * GiB, "pinned_baseline": 44 * GiB, "max_jobs": 18}
+    for method in ("mlock", "rdma"):
+        report = report_with(332 * GiB, memlock=8 * MiB)
+        p = plan(report, Shape(**shape, pin_method=method))  # type: ignore[arg-type]
+        assert (p["concurrency"], p["binding"], p["capacity"]["memlock"]) == (0, "memlock", 0), method
+        assert p["shape"]["pin_method"] == method
+        # CAP_IPC_LOCK lifts both (mm/mlock.c, drivers/infiniband/core/umem.c)
+        assert plan(report_with(332 * GiB, cap=True), Shape(**shape, pin_method=method))["concurrency"] == 18  # type: ignore[arg-type]
+    report = report_with(332 * GiB, memlock=8 * MiB)
+    p = plan(report, Shape(**shape, pin_method="cuda"))  # type: ignore[arg-type]
+    assert (p["concurrency"], p["binding"], p["capacity"]["memlock"]) == (18, "memory", None)
+    assert [w["code"] for w in report["warnings"]] == []
+    # per-job pinned memory through CUDA: no memlock constraint, and it is part of each job's size
+    report = report_with(100 * GiB, memlock=64 * KiB)
+    p = plan(report, Shape(GiB, pinned_per_job=512 * MiB, pin_method="cuda"))
+    assert (p["concurrency"], p["capacity"]["memlock"]) == (100, None)
+    assert [w["code"] for w in report["warnings"]] == ["pinned-counts-against-limit"]
+    with pytest.raises(UsageError, match="--pin-method must be one of cuda, mlock, rdma, got 'dma'"):
+        Shape(GiB, pin_method="dma")
+
+
+def test_the_cuzk_profile_is_not_refused_for_memlock_alone(tmp_path: Path) -> None:
+    """Docker's defaults: 8 MiB RLIMIT_MEMLOCK, no CAP_IPC_LOCK, on a 256 GiB node: the memory answer."""
+    tree = make_tree(tmp_path, limit=str(256 * GiB), mem_total_kb=512 * 1024**2)
+    limits = "Limit  Soft Limit  Hard Limit  Units\nMax locked memory  8388608  8388608  bytes\n"
+    (tree / "proc/self/limits").write_text(limits)
+    status = (tree / "proc/self/status").read_text()
+    assert "CapEff:\t00000000a80425fb" in status  # Docker's default set: bit 14 (CAP_IPC_LOCK) clear
     proc = run_oomguard("plan", "--json", "--root", str(tree), "--profile", "porep-c2-32g", "--require-jobs", "1")
-    assert proc.returncode == 3 and json.loads(proc.stdout)["binding"] == "memlock"
-    # an operator whose prover pins only through CUDA (not charged to RLIMIT_MEMLOCK) overrides it
-    proc = run_oomguard("plan", "--root", str(tree), "--profile", "porep-c2-32g", "--pinned-baseline", "0")
-    assert proc.returncode == 0 and proc.stdout.startswith("oomguard plan: 18 jobs"), proc
+    assert proc.returncode == 0, proc
+    out = json.loads(proc.stdout)
+    # auto budget 256 GiB - 10 GiB margin = 246 GiB; (246 - 70) / 14 = 12 jobs
+    assert (out["concurrency"], out["binding"], out["capacity"]["memlock"]) == (12, "memory", None)
+    assert out["shape"]["pin_method"] == "cuda"
+    assert "memlock-too-low" not in {w["code"] for w in out["report"]["warnings"]}
+    # the report still says what RLIMIT_MEMLOCK is (for mlock and RDMA, which it does bind)
+    assert (out["report"]["memlock"]["soft_bytes"], out["report"]["memlock"]["cap_ipc_lock"]) == (8 * MiB, False)
+    # the same node with the old meaning asked for by hand refuses, as mlock would fail
+    proc = run_oomguard("plan", "--root", str(tree), "--profile", "porep-c2-32g", "--pin-method", "mlock")
+    assert proc.returncode == 0 and proc.stdout.startswith("oomguard plan: 0 jobs, memlock binds"), proc
 
 
 def test_cpu_binds() -> None:
@@ -216,8 +261,11 @@ def test_builtin_profiles_carry_the_provers_numbers() -> None:
         "per_job": 14 * GiB,
         "baseline": 70 * GiB,
         "pinned_baseline": 44 * GiB,
+        "pin_method": "cuda",
         "max_jobs": 18,
     }
+    # every CuZK profile pins its SRS through CUDA (cudaHostAlloc), never through mlock
+    assert {p["pin_method"] for p in profiles.values()} == {"cuda"}
     for name, p in load_profiles().items():  # the pinned SRS is declared as the pinned baseline
         parts = p["baseline_parts"]
         assert isinstance(parts, dict)
@@ -325,10 +373,18 @@ def test_the_plan_is_in_the_contract(tmp_path: Path) -> None:
         "baseline_bytes": 2 * GiB,
         "pinned_per_job_bytes": MiB,
         "pinned_baseline_bytes": 0,
+        "pin_method": "mlock",
         "gpu_per_job_bytes": GiB,
         "max_jobs": 5,
         "cpus_per_job": 0.5,
     }
+    # an older agent's plan has no pin_method: the manager must still take it (mlock is meant)
+    del report["plan"]["shape"]["pin_method"]  # type: ignore[misc]
+    jsonschema.validate(report, schema)
+    report["plan"]["shape"]["pin_method"] = "dma"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(report, schema)
+    report["plan"]["shape"]["pin_method"] = "cuda"
     report["plan"]["capacity"]["disk"] = 3  # type: ignore[typeddict-unknown-key]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(report, schema)

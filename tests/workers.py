@@ -24,3 +24,28 @@ KILLED_9 = (
     "while alive(): time.sleep(0.01)\n"
     "os.kill(os.getpid(), signal.SIGKILL)\n"
 )
+# The stand-in for CUDA's pinned host memory: cudaHostAlloc pages are charged to the memory cgroup
+# as shmem (MakazhanAlpamys/Soup#655), which memfd_create(2) pages are too (mm/shmem.c backs a
+# memfd). It holds argv[1] MiB of memfd pages, all touched, writes "pinned" to argv[2], then grows
+# by 8 MiB of private memory every 50 ms up to argv[3] MiB (0: no growth); on SIGTERM it appends
+# how many MiB it had grown ("TERM <MiB>") and exits 0. With argv[4], it runs that command (split
+# on blanks) while holding the pages and exits with its status.
+PINNER = (
+    "import mmap, os, signal, subprocess, sys, time\n"
+    "MiB = 1 << 20\n"
+    "n, marker, upto = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])\n"
+    "fd = os.memfd_create('pinned-standin')\n"
+    "os.ftruncate(fd, n * MiB)\n"
+    "pinned = mmap.mmap(fd, n * MiB)\n"
+    "for i in range(0, n * MiB, 4096): pinned[i] = 1\n"
+    "open(marker, 'w').write('pinned\\n')\n"
+    "if len(sys.argv) > 4: sys.exit(subprocess.run(sys.argv[4].split()).returncode)\n"
+    "chunks = []\n"
+    "def term(*a):\n"
+    "    open(marker, 'a').write('TERM %d\\n' % (8 * len(chunks))); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "while 8 * len(chunks) < upto:\n"
+    "    c = bytearray(8 * MiB); c[::4096] = b'x' * len(range(0, len(c), 4096)); chunks.append(c)\n"
+    "    time.sleep(0.05)\n"
+    "while True: time.sleep(1)\n"
+)

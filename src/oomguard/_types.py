@@ -164,6 +164,7 @@ class PlanShape(TypedDict):
     baseline_bytes: int
     pinned_per_job_bytes: int | None
     pinned_baseline_bytes: int
+    pin_method: str
     gpu_per_job_bytes: int | None
     max_jobs: int | None
     cpus_per_job: float | None

@@ -32,7 +32,8 @@ WARNING_CODES: dict[str, str] = {
     "meminfo-virtualized": "/proc/meminfo is virtualised by lxcfs: MemTotal already is the container's limit.",
     "memlock-unknown": "The locked-memory limit (RLIMIT_MEMLOCK) could not be read.",
     "memlock-low": "RLIMIT_MEMLOCK soft limit is under 64 MiB and CAP_IPC_LOCK is not held: "
-    "pinning (mlock, cudaHostAlloc) of larger buffers will fail.",
+    "mlock(2) and RDMA registration (ibv_reg_mr) of larger buffers fail. CUDA's cudaHostAlloc is not charged "
+    "to RLIMIT_MEMLOCK (it is charged to the memory cgroup), so this does not stop a prover that pins through CUDA.",
     "budget-exceeds-limit": "The explicit budget is above the hard ceiling (memory.effective_bytes).",
     "budget-exceeds-soft-limit": "The explicit budget is above the soft limit (memory.high), "
     "where the kernel throttles and reclaims.",

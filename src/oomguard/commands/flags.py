@@ -91,8 +91,16 @@ def add_shape(parser: argparse.ArgumentParser) -> None:
     option(group, "--profiles", "also load profiles from FILE (JSON, or TOML on Python >= 3.11)", "FILE")
     option(group, "--per-job", "host RAM each job needs at its peak", "SIZE")
     option(group, "--baseline", "resident memory shared by all jobs (caches, parameters)", "SIZE")
-    option(group, "--pinned-per-job", "page-locked host memory per job (checked against RLIMIT_MEMLOCK)", "SIZE")
-    option(group, "--pinned-baseline", "page-locked memory held once, outside the jobs", "SIZE")
+    option(group, "--pinned-per-job", "page-locked host memory per job (part of --per-job)", "SIZE")
+    option(group, "--pinned-baseline", "page-locked memory held once, outside the jobs (part of --baseline)", "SIZE")
+    option(
+        group,
+        "--pin-method",
+        "how it is pinned: cuda (cudaHostAlloc: charged to the memory cgroup only), mlock (default) or "
+        "rdma (both RLIMIT_MEMLOCK unless CAP_IPC_LOCK)",
+        "METHOD",
+        type=OneOf(("cuda", "mlock", "rdma")),
+    )
     option(group, "--gpu-per-job", "device memory per job on each visible GPU (needs GPU data)", "SIZE")
     option(group, "--max-jobs", "never more than N jobs", "N")
     option(group, "--cpus-per-job", "CPUs each job needs (no CPU constraint without it)", "N")
@@ -165,6 +173,9 @@ def _shape_fields(args: argparse.Namespace) -> dict[str, object]:
         given = value(args, key)
         if given is not None:
             fields[key] = parse_size(given, "--" + key.replace("_", "-"))
+    method = value(args, "pin_method")
+    if method is not None:
+        fields["pin_method"] = method
     max_jobs, cpus = value(args, "max_jobs"), value(args, "cpus_per_job")
     if max_jobs is not None:
         fields["max_jobs"] = parse_count(max_jobs, "--max-jobs")

@@ -2,11 +2,11 @@
 
 capacity per constraint (null when the constraint does not apply):
 - memory:   floor((budget - baseline) / per_job), 0 when the baseline alone does not fit
-- memlock:  0 when the pinned baseline alone is above the memlock soft limit; else
-            floor((memlock soft limit - pinned baseline) / pinned_per_job) with
-            --pinned-per-job (null without it); null when CAP_IPC_LOCK is held or the limit is
-            unlimited. setrlimit(2), RLIMIT_MEMLOCK: "the maximum number of bytes of memory
-            that may be locked into RAM", enforced by mlock(2) unless CAP_IPC_LOCK is held.
+- memlock:  only for pinned memory whose pin method RLIMIT_MEMLOCK charges (``mlock``, ``rdma``;
+            see PIN_METHODS): 0 when the pinned baseline alone is above the memlock soft limit;
+            else floor((memlock soft limit - pinned baseline) / pinned_per_job) with
+            --pinned-per-job (null without it); null when CAP_IPC_LOCK is held, the limit is
+            unlimited, or the memory is pinned through CUDA (``cuda``).
 - gpu:      device memory per job on each visible GPU (applies once the GPU probe exists)
 - max_jobs: the cap given
 - cpu:      floor(effective CPUs / cpus_per_job + 1e-9), only with --cpus-per-job (the
@@ -32,7 +32,35 @@ CONSTRAINTS = ("memory", "memlock", "gpu", "max_jobs", "cpu")
 # number: 1e-9 is far above the error of one float division at these magnitudes (~1e-15) and
 # far below a quota's own resolution (microseconds per period: 1e-5 CPU at the default 100 ms).
 CPU_EPSILON = 1e-9
-SHAPE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job", "max_jobs", "cpus_per_job")
+SHAPE_FIELDS = (
+    "per_job",
+    "baseline",
+    "pinned_per_job",
+    "pinned_baseline",
+    "pin_method",
+    "gpu_per_job",
+    "max_jobs",
+    "cpus_per_job",
+)
+# How a shape's pinned memory is pinned decides which limit can refuse it:
+# - "mlock": mlock(2)/mlockall(2). mm/mlock.c: do_mlock() and do_mlockall() fail with ENOMEM
+#   when the locked pages would pass RLIMIT_MEMLOCK "&& !capable(CAP_IPC_LOCK)"; setrlimit(2):
+#   RLIMIT_MEMLOCK is "the maximum number of bytes of memory that may be locked into RAM".
+# - "rdma": ibv_reg_mr(3). drivers/infiniband/core/umem.c: ib_umem_get() adds the pages to
+#   mm->pinned_vm and fails with ENOMEM past RLIMIT_MEMLOCK unless capable(CAP_IPC_LOCK); the
+#   pages are pinned with pin_user_pages_fast(FOLL_LONGTERM) (mm/gup.c), which itself charges no
+#   rlimit: the caller does (openucx/ucx#7930 is the same limit seen from UCX).
+# - "cuda": cudaHostAlloc / cudaHostRegister. Not charged to RLIMIT_MEMLOCK: 4 GiB of PyTorch
+#   pin_memory (cudaHostAlloc) on an L4 with driver 570.195.03 added 4 GiB to RssShmem and to the
+#   memory cgroup's shmem while VmLck stayed flat (MakazhanAlpamys/Soup#655); NVIDIA's open kernel
+#   modules pin cudaHostRegister memory with get_user_pages in os_lock_user_pages()
+#   (kernel-open/nvidia/os-mlock.c) without an rlimit check. That measurement is not repeated
+#   here (no GPU on this project's machines): ``check --probe-pinned`` and bench/gpu_check.sh
+#   record VmLck, RssShmem and the cgroup's shmem around a real cudaHostAlloc where one exists.
+#   The memory is charged to the memory cgroup, so it is part of the budget, never of memlock.
+PIN_METHODS = ("cuda", "mlock", "rdma")
+MEMLOCK_METHODS = frozenset({"mlock", "rdma"})
+DEFAULT_PIN_METHOD = "mlock"  # hand-given --pinned-* flags keep their old meaning
 
 
 class Shape:
@@ -47,6 +75,7 @@ class Shape:
         *,
         pinned_per_job: int | None = None,
         pinned_baseline: int = 0,
+        pin_method: str = DEFAULT_PIN_METHOD,
         gpu_per_job: int | None = None,
         max_jobs: int | None = None,
         cpus_per_job: float | None = None,
@@ -62,10 +91,13 @@ class Shape:
             raise UsageError("plan: --pinned-per-job must be above 0")
         if gpu_per_job is not None and gpu_per_job <= 0:
             raise UsageError("plan: --gpu-per-job must be above 0")
+        if pin_method not in PIN_METHODS:
+            raise UsageError(f"plan: --pin-method must be one of {', '.join(PIN_METHODS)}, got {pin_method!r}")
         self.per_job = per_job
         self.baseline = baseline
         self.pinned_per_job = pinned_per_job
         self.pinned_baseline = pinned_baseline
+        self.pin_method = pin_method
         self.gpu_per_job = gpu_per_job
         self.max_jobs = max_jobs
         self.cpus_per_job = cpus_per_job
@@ -78,6 +110,7 @@ class Shape:
             "baseline_bytes": self.baseline,
             "pinned_per_job_bytes": self.pinned_per_job,
             "pinned_baseline_bytes": self.pinned_baseline,
+            "pin_method": self.pin_method,
             "gpu_per_job_bytes": self.gpu_per_job,
             "max_jobs": self.max_jobs,
             "cpus_per_job": self.cpus_per_job,
@@ -87,6 +120,8 @@ class Shape:
 def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
     if shape.pinned_per_job is None and not shape.pinned_baseline:
         return None
+    if shape.pin_method not in MEMLOCK_METHODS:
+        return None  # cuda: charged to the memory cgroup (part of the budget), not to RLIMIT_MEMLOCK
     ml = report["memlock"]
     if ml["cap_ipc_lock"]:
         return None
@@ -101,25 +136,29 @@ def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]
     return None if shape.pinned_per_job is None else (soft - shape.pinned_baseline) // shape.pinned_per_job
 
 
+_PIN_HOW = {"mlock": "pin method mlock", "rdma": "pin method rdma, ibv_reg_mr", "cuda": "pin method cuda"}
+
+
 def _memlock_warning(report: Report, shape: Shape, capacity: PlanCapacity, warnings: list[WarningEntry]) -> None:
     """``memlock-too-low`` when RLIMIT_MEMLOCK binds: below the pinned baseline, or fewer jobs than fit otherwise."""
     mem_n = capacity["memlock"]
     others = [c for n, c in capacity.items() if isinstance(c, int) and n != "memlock"]
     soft = format_size(report["memlock"]["soft_bytes"])
     fix = "raise it (docker run --ulimit memlock=BYTES, systemd LimitMEMLOCK=) or grant CAP_IPC_LOCK"
+    how = _PIN_HOW[shape.pin_method]
     if mem_n == 0 and shape.pinned_baseline:
         add_warning(
             warnings,
             "memlock-too-low",
             f"RLIMIT_MEMLOCK ({soft}) is below the {format_size(shape.pinned_baseline)} pinned baseline: "
-            f"pinning it fails, so no job can run; {fix}",
+            f"pinning it ({how}) fails, so no job can run; {fix}",
         )
     elif mem_n is not None and mem_n < min(others):
         add_warning(
             warnings,
             "memlock-too-low",
             f"RLIMIT_MEMLOCK ({soft}) lets only {mem_n} job(s) pin {format_size(shape.pinned_per_job)} each "
-            f"where {min(others)} would fit otherwise; {fix}",
+            f"where {min(others)} would fit otherwise ({how}); {fix}",
         )
 
 
@@ -218,12 +257,12 @@ def explain(report: Report, shape: Shape, n: int, binding: str, capacity: PlanCa
         if shape.pinned_per_job is None or (n == 0 and soft is not None and shape.pinned_baseline > soft):
             return (
                 f"{jobs}, memlock binds: the {format_size(shape.pinned_baseline)} pinned baseline is above "
-                f"RLIMIT_MEMLOCK ({format_size(soft)}) (no CAP_IPC_LOCK)"
+                f"RLIMIT_MEMLOCK ({format_size(soft)}) (no CAP_IPC_LOCK, pin method {shape.pin_method})"
             )
         pinned = f" - {format_size(shape.pinned_baseline)} pinned baseline" if shape.pinned_baseline else ""
         return (
             f"{jobs}, memlock binds: ({format_size(soft)} RLIMIT_MEMLOCK{pinned}) / "
-            f"{format_size(shape.pinned_per_job)} pinned per job (no CAP_IPC_LOCK)"
+            f"{format_size(shape.pinned_per_job)} pinned per job (no CAP_IPC_LOCK, pin method {shape.pin_method})"
         )
     if binding == "gpu":
         return f"{jobs}, gpu binds: {format_size(shape.gpu_per_job)} of device memory per job"

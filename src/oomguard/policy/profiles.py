@@ -2,8 +2,10 @@
 
 A profile file is JSON (any Python) or TOML (Python >= 3.11), either ``{"profiles": {NAME: {...}}}``
 or ``{NAME: {...}}``. Fields: ``per_job`` (required), ``baseline``, ``pinned_per_job``,
-``pinned_baseline``, ``gpu_per_job`` (sizes: "14GiB" or bytes), ``max_jobs`` (int),
-``cpus_per_job`` (number), ``description``, ``source`` (text; not used by the planner).
+``pinned_baseline``, ``gpu_per_job`` (sizes: "14GiB" or bytes), ``pin_method`` (how the
+pinned memory is pinned: ``cuda``, ``mlock`` or ``rdma``, see ``policy/plan.py``; default
+``mlock``), ``max_jobs`` (int), ``cpus_per_job`` (number), ``description``, ``source`` (text;
+not used by the planner).
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ def profile_values(name: str, profile: dict[str, object]) -> dict[str, object]:
             out[key] = value if isinstance(value, int) else parse_size(value, what)
             if isinstance(value, int) and value < 0:
                 raise UsageError(f"{what}: must not be negative")
+        elif key == "pin_method":
+            from oomguard.policy.plan import PIN_METHODS
+
+            if value not in PIN_METHODS:
+                raise UsageError(f"{what}: expected one of {', '.join(PIN_METHODS)}, got {value!r}")
+            out[key] = value
         elif key == "max_jobs":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UsageError(f"{what}: expected a whole number, got {value!r}")

@@ -55,6 +55,6 @@ def probe_memlock(root: Root, status: dict[str, str], warnings: list[WarningEntr
             warnings,
             "memlock-low",
             f"RLIMIT_MEMLOCK soft limit is {format_size_precise(values[0])} and CAP_IPC_LOCK is not held: "
-            "pinned (page-locked) buffers above it will fail",
+            "mlock(2) and RDMA registration (ibv_reg_mr) above it fail (CUDA's cudaHostAlloc is not charged to it)",
         )
     return section

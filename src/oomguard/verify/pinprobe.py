@@ -12,11 +12,11 @@ TIMEOUT = 60.0
 
 
 def _failed(nbytes: int, error: str) -> dict[str, Any]:
-    return {"bytes": nbytes, "ok": False, "errno": None, "skipped": None, "error": error}
+    return {"bytes": nbytes, "ok": False, "errno": None, "skipped": None, "error": error, "charged": None}
 
 
 def run_pin_probe(kind: str, nbytes: int) -> dict[str, Any]:
-    """{"bytes", "ok", "errno", "error", "skipped"} from ``python -m oomguard.verify._pin KIND NBYTES``."""
+    """{"bytes", "ok", "errno", "error", "skipped", "charged"} from ``python -m oomguard.verify._pin KIND NBYTES``."""
     proc = start_child("_pin", kind, str(nbytes))
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
