@@ -188,3 +188,102 @@ def test_capture_records_the_search_for_a_hidden_group_and_replays_it(tmp_path: 
     live, again = probe_system(fixture, gpu=False), probe_system(replay, gpu=False)
     assert again["memory"] == live["memory"] and again["cpu"] == live["cpu"]
     assert again["memory"]["cgroup"]["dir"] == leaf
+
+
+# --- containers that set no marker, and limits hidden above a namespace root (issue #19) -------------
+
+PID_INIT, CGROUP_INIT = 4026531836, 4026531835  # include/linux/proc_ns.h: 0xEFFFFFFC, 0xEFFFFFFB
+
+
+@given(st.text(max_size=40))
+def test_parse_ns_link_takes_any_text(text: str) -> None:
+    from oomguard.probes.container import parse_ns_link
+
+    n = parse_ns_link(text)
+    assert n is None or (n >= 0 and text.strip().endswith(f"[{n}]"))
+
+
+def test_parse_ns_link_examples() -> None:
+    from oomguard.probes.container import parse_ns_link
+
+    assert parse_ns_link("pid:[4026531836]") == PID_INIT
+    assert parse_ns_link("cgroup:[4026532279]\n") == 4026532279
+    for bad in ("", "pid:", "pid:[]", "pid:[12", "pid:[1x2]", ":[12]", "pid:[١٢]", "pid[12]"):
+        assert parse_ns_link(bad) is None, bad
+
+
+def test_namespaces_other_than_the_initial_ones_are_a_container(tmp_path: Path) -> None:
+    tree = v2_tree("/", {"sys/fs/cgroup/memory.max": "max\n"})
+    initial = write(tmp_path / "a", {**tree, "proc/self/ns/pid": f"pid:[{PID_INIT}]\n"})
+    c = probe_system(initial, {}, gpu=False)["container"]
+    assert (c["in_container"], c["runtime"], c["evidence"]) == (False, None, [])
+    private = write(
+        tmp_path / "b",
+        {**tree, "proc/self/ns/pid": f"pid:[{PID_INIT}]\n", "proc/self/ns/cgroup": "cgroup:[4026532279]\n"},
+    )
+    c = probe_system(private, {}, gpu=False)["container"]
+    assert (c["in_container"], c["runtime"]) == (True, "container-other")
+    assert c["evidence"] == [
+        "namespace: /proc/self/ns/cgroup is cgroup:[4026532279], not the initial cgroup namespace (4026531835)"
+    ]
+    # a stronger signal names the runtime; the namespace stays in the evidence
+    docker = write(tmp_path / "c", {**tree, "proc/self/ns/pid": "pid:[4026532001]\n", ".dockerenv": ""})
+    c = probe_system(docker, {}, gpu=False)["container"]
+    assert (c["runtime"], len(c["evidence"])) == ("docker", 2)
+    garbage = write(tmp_path / "d", {**tree, "proc/self/ns/pid": "pid:[oops]\n"})
+    assert probe_system(garbage, {}, gpu=False)["container"]["in_container"] is False
+
+
+def test_a_v1_cgroup_path_is_evidence_once_not_once_per_hierarchy(tmp_path: Path) -> None:
+    path = "/machine.slice/libpod-3f2a.scope"
+    lines = "".join(f"{i}:{c}:{path}\n" for i, c in enumerate(["memory", "cpu,cpuacct", "pids", "blkio"], 1))
+    root = write(tmp_path, {"proc/meminfo": MEMINFO.format(avail=1 << 20), "proc/self/cgroup": lines})
+    c = probe_system(root, {}, gpu=False)["container"]
+    assert c["evidence"] == [f"cgroup path: {path}"] and c["runtime"] == "podman"
+
+
+def test_a_limit_of_the_leaf_does_not_silence_limit_may_be_hidden(tmp_path: Path) -> None:
+    """The walk stops at a v2 namespace root (it has memory.max): whatever is above it is unseen."""
+    for limit, fact in (("2147483648", "the lowest limit up to it is 2 GiB"), ("max", "no group up to it")):
+        root = write(tmp_path / limit, v2_tree("/", {"sys/fs/cgroup/memory.max": limit + "\n"}))
+        report = probe_system(root, {}, gpu=False)
+        assert report["memory"]["cgroup"]["ancestors_visible"] is False
+        hidden = [w["message"] for w in report["warnings"] if w["code"] == "limit-may-be-hidden"]
+        assert len(hidden) == 1 and fact in hidden[0], hidden
+        assert report["container"]["in_container"] is False  # no container seen: it is said all the same
+    # the host's root group (no memory.max, lists memory): nothing is above it, nothing is said
+    host = write(tmp_path / "host", v2_tree("/", {}))
+    report = probe_system(host, {}, gpu=False)
+    assert report["memory"]["cgroup"]["ancestors_visible"] is True
+    assert "limit-may-be-hidden" not in {w["code"] for w in report["warnings"]}
+
+
+def test_the_live_namespace_links_are_read_and_replayed_from_a_snapshot(tmp_path: Path) -> None:
+    """A real private PID namespace (unshare -p) is seen live; capture keeps the links as files."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "-p", "-f", "true"], capture_output=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        import pytest
+
+        pytest.skip(f"cannot make a PID namespace here: {probe.stderr if probe else 'no unshare'}")
+    env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
+    snap, out = tmp_path / "snap.tar.gz", tmp_path / "live.json"
+    og = f"{sys.executable} -m oomguard"
+    script = f"{og} check --json --no-gpu > {out} && {og} capture {snap}"  # one namespace for both
+    live = subprocess.run(
+        ["unshare", "-p", "-f", "--mount-proc", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert live.returncode == 0, live.stderr
+    evidence = json.loads(out.read_text())["container"]["evidence"]
+    assert any(e.startswith("namespace: /proc/self/ns/pid is pid:[") for e in evidence), evidence
+    replay = subprocess.run(
+        [*og.split(), "check", "--json", "--no-gpu", "--root", str(snap)], env=env, capture_output=True, text=True
+    )
+    assert json.loads(replay.stdout)["container"]["evidence"] == evidence

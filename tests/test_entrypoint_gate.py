@@ -171,3 +171,25 @@ def test_the_real_gate_refuses_a_plan_that_fits_no_job(group: Group, tmp_path: P
     assert proc.returncode == 3, proc.stderr
     assert "oomguard plan: 0 jobs, memory binds" in proc.stdout
     assert "gate: oomguard plan failed (exit 3)" in proc.stderr
+
+
+def test_the_real_gate_refuses_an_explicit_budget_above_the_ceiling(group: Group, tmp_path: Path) -> None:
+    """The seed's outage at 1/10 scale: OOMGUARD_BUDGET=20GiB in a 2 GiB group passes no step."""
+    group.set_limit(2048 * MiB)
+    marker = tmp_path / "started"
+    env = {**_real_oomguard(tmp_path), "OOMGUARD_BUDGET": "20GiB", "OOMGUARD_PLAN_ARGS": "--per-job 256MiB"}
+    proc = group.run(str(ENTRYPOINT), "touch", str(marker), env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert not marker.exists()
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("oomguard: error: --require: the env budget 20 GiB, from OOMGUARD_BUDGET=20GiB, is above ")
+    assert f"the hard ceiling 2 GiB (cgroup-v{group.version}, {group.dir}/memory." in first
+    assert "gate: oomguard check failed (exit 3)" in proc.stderr
+    # meant (swap-backed, overcommitted on purpose): check and plan pass; run would start the worker
+    env["OOMGUARD_ALLOW_OVER_LIMIT"] = "1"
+    env["OOMGUARD_GATE"] = "on"
+    steps = [["check", "--require", "1B"], ["plan", "--require-jobs", "1", "--per-job", "256MiB"]]
+    for step in steps:
+        ok = group.run(sys.executable, "-m", "oomguard", *step, env=env)
+        assert ok.returncode == 0, ok.stderr
+        assert "budget-exceeds-limit" in ok.stdout

@@ -102,7 +102,12 @@ policy = RestartPolicy(
 )
 shape = Shape(**opts["shape"]) if opts.get("shape") else None
 config = RunConfig(
-    opts["command"], budget=opts.get("budget"), shape=shape, policy=policy, isolate=opts.get("isolate", False)
+    opts["command"],
+    budget=opts.get("budget"),
+    shape=shape,
+    policy=policy,
+    isolate=opts.get("isolate", False),
+    allow_over_limit=opts.get("allow_over_limit", False),
 )
 libc = DenyingLibc() if opts.get("deny_prctl") else None
 sup = Supervisor(config, EventLog(events), root=DirRoot(tree), cgroupfs=CgroupFS(tree), libc=libc)

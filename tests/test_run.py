@@ -453,9 +453,25 @@ def test_a_budget_below_baseline_plus_one_job_starts_nothing(tmp_path: Path) -> 
     assert rc == 0 and marker.exists() and ev[0]["concurrency"] == 1  # exactly baseline + one job: it starts
 
 
+def test_a_budget_above_the_ceiling_starts_nothing_unless_allowed(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB)
+    rc, ev, err, _ = supervise_in_tree(tree, command=["touch", str(marker)], budget="3GiB")
+    assert rc == 3 and not marker.exists() and [e["event"] for e in ev] == ["give-up"]
+    assert ev[0]["message"] == (
+        "the explicit budget 3 GiB, from --budget 3GiB, is above the hard ceiling 2 GiB (cgroup-v2, "
+        "/sys/fs/cgroup/memory.max): the kernel OOM-kills a worker that uses it at the ceiling; --allow-over-limit "
+        "(or OOMGUARD_ALLOW_OVER_LIMIT=1) if it is meant; not starting the worker"
+    )
+    # exactly at the ceiling is not above it: it starts
+    rc, ev, _, _ = supervise_in_tree(tree, command=["touch", str(marker)], budget="2GiB", restart="never")
+    assert rc == 0 and marker.exists()
+
+
 def test_a_budget_above_the_ceiling_is_said_when_the_worker_starts(tmp_path: Path) -> None:
     tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB)
-    rc, ev, err, _ = supervise_in_tree(tree, command=["true"], budget="3GiB", restart="never")
+    opts = {"budget": "3GiB", "restart": "never", "allow_over_limit": True}
+    rc, ev, err, _ = supervise_in_tree(tree, command=["true"], **opts)
     assert rc == 0
     start = ev[0]
     assert start["warnings"] == ["budget-exceeds-limit"]

@@ -44,6 +44,9 @@
 #   OOMGUARD_REQUIRE_JOBS     `plan --require-jobs N` (default 1)
 #   OOMGUARD_VERIFY           "on": also `oomguard verify` (allocates the plan for real; default off)
 #   OOMGUARD_VERIFY_ARGS      extra `oomguard verify` flags: --fraction 0.5 --hold 3
+#   OOMGUARD_ALLOW_OVER_LIMIT "1": an explicit budget (OOMGUARD_BUDGET, --budget) above the hard
+#                             ceiling passes the gate and `run` (read by oomguard itself; default: every
+#                             step refuses it with exit 3, since a worker that uses it is OOM-killed)
 set -eu
 
 if [ -z "${OOMGUARD_MANAGER:-}" ]; then

@@ -34,7 +34,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (
         EXIT_THRESHOLD,
         "a threshold was not met (--require, --require-jobs; run: a budget that cannot work; "
-        "verify: the plan fits no job)",
+        "check --require, plan --require-jobs, run: an explicit budget above the hard ceiling, "
+        "without --allow-over-limit; verify: the plan fits no job)",
     ),
     (EXIT_VERIFY_FAILED, "verification failed (verify: an OOM kill or a failed allocation)"),
     (

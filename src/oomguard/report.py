@@ -18,8 +18,9 @@ SCHEMA_VERSION = 1
 
 # Stable warning codes. Add new ones at the end; never change a code's meaning.
 WARNING_CODES: dict[str, str] = {
-    "limit-may-be-hidden": "In a container whose cgroup namespace root shows no memory limit: "
-    "a limit set above the namespace root (pod level, host slice) cannot be seen from inside.",
+    "limit-may-be-hidden": "The walk up the cgroup tree stops at a cgroup namespace (or mount) root whose "
+    "ancestors are out of view (memory.cgroup.ancestors_visible false): a lower limit set above it (pod level, "
+    "host slice, a runtime's parent group) cannot be seen from inside, whether or not the group has a limit.",
     "unreadable": "A file the probe needs exists but could not be read (permissions, hidepid, I/O error).",
     "missing": "A file the probe needs does not exist (e.g. /proc/meminfo in a snapshot).",
     "malformed": "A file's contents do not have the documented shape; its value was ignored.",

@@ -28,7 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = SUMMARY
     parser.epilog = flags.SIZES
     flags.add_json(parser, "print one JSON object (fields: docs/report.md)")
-    flags.option(parser, "--require", "exit 3 when the budget is below SIZE", "SIZE")
+    flags.option(
+        parser, "--require", "exit 3 when the budget is below SIZE, or (explicit) above the hard ceiling", "SIZE"
+    )
+    flags.add_allow_over_limit(parser)
     flags.option(parser, "--probe-mlock", "really mlock SIZE in a short-lived child and report memlock.probe", "SIZE")
     flags.option(
         parser, "--probe-pinned", "really cudaHostAlloc SIZE (libcudart) in a child: memlock.pinned_probe", "SIZE"
@@ -91,5 +94,5 @@ def execute(args: argparse.Namespace) -> int:
     if require is not None:
         from oomguard.policy.budget import require as require_budget
 
-        require_budget(report, require)
+        require_budget(report, require, allowed_over_limit=flags.allowed_over_limit(args))
     return EXIT_OK

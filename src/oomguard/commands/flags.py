@@ -74,6 +74,25 @@ def add_budget(parser: argparse.ArgumentParser, *, budget_help: str = BUDGET_HEL
         option(group, "--root", ROOT_HELP, "PATH")
 
 
+ALLOW_OVER_LIMIT_HELP = (
+    "let an explicit budget above the hard ceiling pass (swap-backed or overcommitted on purpose); "
+    "also OOMGUARD_ALLOW_OVER_LIMIT=1"
+)
+
+
+def add_allow_over_limit(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    option(parser, "--allow-over-limit", ALLOW_OVER_LIMIT_HELP)
+
+
+def allowed_over_limit(args: argparse.Namespace) -> bool:
+    """--allow-over-limit, or OOMGUARD_ALLOW_OVER_LIMIT in this process's environment."""
+    import os
+
+    from oomguard.policy.budget import allow_over_limit
+
+    return allow_over_limit(bool(getattr(args, "allow_over_limit", False)), os.environ)
+
+
 def add_gpu(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("GPU options")
     option(group, "--no-gpu", "skip the GPU probe")

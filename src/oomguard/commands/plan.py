@@ -24,7 +24,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "concurrency = min over memory, memlock, gpu, max_jobs, cpu (ties: that order).\n" + flags.SIZES
     flags.add_json(parser)
     flags.option(parser, "--list-profiles", "list the profiles (built in and --profiles) and exit")
-    flags.option(parser, "--require-jobs", "exit 3 when fewer than N jobs fit", "N")
+    flags.option(
+        parser, "--require-jobs", "exit 3 when fewer than N jobs fit, or an explicit budget is above the ceiling", "N"
+    )
+    flags.add_allow_over_limit(parser)
     flags.add_shape(parser)
     flags.add_budget(parser)
     flags.add_gpu(parser)
@@ -57,6 +60,10 @@ def execute(args: argparse.Namespace) -> int:
         sys.stdout.write(to_json({**result, "report": report}) + "\n")
     else:
         sys.stdout.write(format_plan(result, report))
+    if require is not None:
+        from oomguard.policy.budget import gate_over_limit
+
+        gate_over_limit(report, "--require-jobs", allowed=flags.allowed_over_limit(args))
     if require is not None and result["concurrency"] < require:
         raise ThresholdError(f"--require-jobs: {result['concurrency']} jobs fit, {require} required")
     return EXIT_OK

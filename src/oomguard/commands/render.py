@@ -50,6 +50,8 @@ def format_human(report: Report) -> str:
         why = f"{mem['limited_by']} limit binds"
     lines.append(_row("effective limit", format_size(mem["effective_bytes"]), why))
     lines.append(_row("", "", f"from {mem['limit_file']}") if mem["limit_file"] else "")
+    if cg["ancestors_visible"] is False:  # said next to the limit, and as warning limit-may-be-hidden
+        lines.append(_row("", "", "may be lower: a limit above the cgroup namespace root cannot be seen"))
     lines.append(
         _row(
             "host RAM",

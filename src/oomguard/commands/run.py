@@ -97,6 +97,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _restart_options(parser)
     _guard_options(parser)
     flags.option(parser, "--isolate", "run the worker in its own memory cgroup limited to budget + margin")
+    flags.add_allow_over_limit(parser)
     flags.option(parser, "--events", "append events as JSON lines to FILE", "FILE")
     add_fleet_options(parser, run=True)
     parser.add_argument("worker", nargs=argparse.REMAINDER, metavar="CMD ARGS", help="the worker's command line")
@@ -157,6 +158,7 @@ def execute(args: argparse.Namespace) -> int:
         stop_timeout=_duration(args, "stop_timeout", 30.0),
         isolate=args.isolate,
         guard=_guard(args),
+        allow_over_limit=flags.allowed_over_limit(args),
     )
     try:
         log = EventLog(args.events)

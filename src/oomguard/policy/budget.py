@@ -7,7 +7,15 @@ Precedence: ``--budget`` flag, then ``OOMGUARD_BUDGET`` in the probed environmen
 - auto: basis = min(effective_bytes, soft_limit_bytes); budget = basis - margin, where the
   default margin is min(10 GiB, max(256 MiB, 10% of basis)); ``--margin`` overrides it.
 - explicit (``SIZE`` or ``PCT%`` of the basis): kept as the operator's override, with no
-  margin; above the hard ceiling it adds warning ``budget-exceeds-limit``.
+  margin; above the hard ceiling it adds warning ``budget-exceeds-limit``, and it fails every
+  gate (``check --require``, ``plan --require-jobs``, ``run``: ``over_limit()``) unless the
+  operator says it is meant (``--allow-over-limit`` or ``OOMGUARD_ALLOW_OVER_LIMIT=1``): a budget
+  above the ceiling is the outage itself (a 503 GiB budget in a 342 GiB container), and the
+  kernel OOM-kills a worker that uses it at the ceiling ("memory.max: ... If a cgroup's memory
+  usage reaches this limit and can't be reduced, the OOM killer is invoked", cgroup-v2.rst;
+  cgroup-v1/memory.rst §2.5: "When a cgroup goes over its limit, we first try to reclaim ...
+  If the reclaim is unsuccessful, an OOM routine is invoked"). Swap-backed or deliberately
+  overcommitted set-ups are why the override exists.
 
 Warnings about the budget: ``budget-unknown``, ``budget-exceeds-limit``,
 ``budget-exceeds-soft-limit``, ``budget-too-small`` (a budget of 0: a worker given it cannot
@@ -22,17 +30,21 @@ any kind of OOM killer").
 
 from __future__ import annotations
 
-from oomguard.errors import ThresholdError
+from oomguard.errors import ThresholdError, UsageError
 from oomguard.probes import probe_system
 from oomguard.report import add_warning
 from oomguard.sources.root import Root, open_root
-from oomguard.units import GiB, MiB, format_size, parse_size_or_percent
+from oomguard.units import GiB, MiB, format_size, format_size_precise, parse_size_or_percent
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from oomguard._types import BudgetSection, Report
 
 ENV_BUDGET = "OOMGUARD_BUDGET"
+ENV_ALLOW_OVER_LIMIT = "OOMGUARD_ALLOW_OVER_LIMIT"
+_YES, _NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 MARGIN_MIN = 256 * MiB
 MARGIN_MAX = 10 * GiB
 MARGIN_RATIO = 0.10
@@ -151,8 +163,47 @@ def _check(report: Report, b: BudgetSection) -> None:
         )
 
 
-def require(report: Report, minimum: int) -> None:
-    """Raise ``ThresholdError`` (exit 3) when the budget is unknown or below *minimum*."""
+def allow_over_limit(flag: bool, env: Mapping[str, str]) -> bool:
+    """``--allow-over-limit`` given, or ``OOMGUARD_ALLOW_OVER_LIMIT`` set to 1/true/yes/on in *env*.
+
+    Raises ``UsageError`` for any other value of the variable (0/false/no/off or empty: not allowed).
+    """
+    text = env.get(ENV_ALLOW_OVER_LIMIT, "").strip().lower()
+    if text not in _YES + _NO:
+        raise UsageError(f"{ENV_ALLOW_OVER_LIMIT}: expected 1 or 0 (yes/no, true/false, on/off), got {text!r}")
+    return flag or text in _YES
+
+
+def over_limit(report: Report) -> str | None:
+    """Why the report's explicit budget must not pass a gate: it is above the hard ceiling; else None.
+
+    Names both numbers and where each came from. An auto budget is never above the ceiling, and
+    an unknown budget or ceiling is said by ``budget-unknown`` instead.
+    """
+    b, mem = report["budget"], report["memory"]
+    value, ceiling = b["bytes"], mem["effective_bytes"]
+    if b["source"] == "auto" or value is None or ceiling is None or value <= ceiling:
+        return None
+    given = f"--budget {b['requested']}" if b["source"] == "explicit" else f"{ENV_BUDGET}={b['requested']}"
+    where = mem["limit_file"] or mem["limited_by"]
+    return (
+        f"the {b['source']} budget {format_size_precise(value)}, from {given}, is above the hard ceiling "
+        f"{format_size_precise(ceiling)} ({mem['limited_by']}, {where}): the kernel OOM-kills a worker that "
+        f"uses it at the ceiling; --allow-over-limit (or {ENV_ALLOW_OVER_LIMIT}=1) if it is meant"
+    )
+
+
+def gate_over_limit(report: Report, flag: str, *, allowed: bool) -> None:
+    """Raise ``ThresholdError`` (exit 3), worded for *flag*, when ``over_limit()`` says why and it is not *allowed*."""
+    why = None if allowed else over_limit(report)
+    if why is not None:
+        raise ThresholdError(f"{flag}: {why}")
+
+
+def require(report: Report, minimum: int, *, allowed_over_limit: bool = False) -> None:
+    """Raise ``ThresholdError`` (exit 3) when the budget is unknown or below *minimum*, or above the
+    hard ceiling (an explicit one, unless *allowed_over_limit*)."""
+    gate_over_limit(report, "--require", allowed=allowed_over_limit)
     value = report["budget"]["bytes"]
     if value is None or value < minimum:
         have = "unknown" if value is None else format_size(value)

@@ -14,6 +14,7 @@ from oomguard.probes.parsers import parse_int_file, parse_status
 from oomguard.report import SCHEMA_VERSION, add_warning, warn_failure
 from oomguard.sources.gpu import DEFAULT_TIMEOUT
 from oomguard.sources.root import Failure, LiveRoot, Root
+from oomguard.units import format_size_precise
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -97,17 +98,30 @@ def _pid(status: dict[str, str]) -> int | None:
 
 
 def _hidden_limit_warning(report: Report, warnings: list[WarningEntry]) -> None:
-    """systemd#19497: a limit above the cgroup namespace root is invisible from inside."""
+    """systemd#19497: a limit above the cgroup namespace root is invisible from inside.
+
+    ``ancestors_visible`` is false when the walk stops at a group that is not the host's root: on
+    v2 a namespace root (it has memory.max, or does not list the memory controller), on v1 a
+    mount root other than ``/`` without ``hierarchical_memory_limit``. A parent limited below
+    what the walk saw (a pod, a slice, a runtime's parent group) then binds unseen: say so
+    whether or not a container was detected and whether or not the leaf has a limit of its own.
+    """
     mem = report["memory"]
     cg = mem["cgroup"]
-    # ancestors_visible is false when the top of the walk is a namespace root, not the host's root.
-    if report["container"]["in_container"] and cg["ancestors_visible"] is False and cg["limit_bytes"] is None:
-        add_warning(
-            warnings,
-            "limit-may-be-hidden",
-            f"in a container, and no group up to the cgroup namespace root ({cg['mount']}) has a memory limit: "
-            "a limit set above it cannot be seen from inside; effective_bytes may be too high",
-        )
+    if cg["ancestors_visible"] is not False:
+        return
+    top = cg["levels"][-1]["dir"] if cg["levels"] else cg["mount"]
+    if cg["limit_bytes"] is None:
+        seen = "no group up to it has a memory limit"
+    else:
+        seen = f"the lowest limit up to it is {format_size_precise(cg['limit_bytes'])} ({cg['limit_file']})"
+    add_warning(
+        warnings,
+        "limit-may-be-hidden",
+        f"the walk up the v{cg['version']} cgroup tree stops at {top}, the root of this cgroup namespace or "
+        f"mount, and {seen}: a lower limit set above it (a pod, a slice, a parent group) cannot be seen from "
+        "inside; effective_bytes may be too high",
+    )
 
 
 def probe_system(

@@ -5,6 +5,16 @@ path (Kubernetes); ``/run/.containerenv`` and ``libpod`` (podman); ``/.dockerenv
 and ``docker`` (Docker); ``container=`` in the environment (set by podman, systemd-nspawn,
 LXC); ``lxc``/lxcfs (LXC); ``microsoft``/``WSL`` in the kernel release (WSL, a VM, so
 not a container). Provider hints: vast.ai sets ``VAST_CONTAINERLABEL`` and ``CONTAINER_ID``.
+
+Runtimes that set no marker (plain runc and crun: no ``/.dockerenv``, no ``container=``) still
+give themselves away by their namespaces: a PID or cgroup namespace other than the initial one.
+The initial namespaces have fixed inode numbers (include/linux/proc_ns.h: ``PROC_PID_INIT_INO =
+0xEFFFFFFCU``, ``PROC_CGROUP_INIT_INO = 0xEFFFFFFBU``), and ``/proc/self/ns/pid`` is a link whose
+text is ``pid:[INODE]`` (namespaces(7)). systemd's ``detect_container()`` applies the same rule
+(src/basic/virt.c ``running_in_pidns()`` -> ``VIRTUALIZATION_CONTAINER_OTHER``, the inode
+compared by ``namespace_is_init()``), and names it ``container-other``: so does this probe, as
+the runtime when no stronger signal names one. A process in a private namespace that is no
+container (``unshare -p``, a sandboxing tool) is reported so too: the evidence says which.
 """
 
 from __future__ import annotations
@@ -36,8 +46,32 @@ _ENV_RUNTIMES = {
     "systemd-nspawn": None,
     "kubernetes": "kubernetes",
 }
-_PRIORITY = ("kubernetes", "podman", "docker", "lxc")
+_PRIORITY = ("kubernetes", "podman", "docker", "lxc", "container-other")
 PROVIDER_VARS = ("VAST_CONTAINERLABEL", "CONTAINER_ID")
+# (link, name, the initial namespace's inode): include/linux/proc_ns.h.
+INITIAL_NAMESPACES = (("/proc/self/ns/pid", "PID", 0xEFFFFFFC), ("/proc/self/ns/cgroup", "cgroup", 0xEFFFFFFB))
+
+
+def parse_ns_link(text: str) -> int | None:
+    """The inode of a namespace link's text, ``pid:[4026531836]`` -> 4026531836; None otherwise."""
+    kind, sep, rest = text.strip().partition(":[")
+    number = rest[:-1] if rest.endswith("]") else ""
+    if not sep or not kind.isalpha() or not number.isdigit() or not number.isascii():
+        return None
+    return int(number)
+
+
+def _namespaces(root: Root) -> list[str]:
+    """One evidence line per namespace that is not the initial one."""
+    found = []
+    for link, name, initial in INITIAL_NAMESPACES:
+        text = root.readlink(link)
+        if isinstance(text, Failure):
+            continue  # no such namespace (cgroup namespaces: Linux >= 4.6) or /proc hidden: no evidence
+        inode = parse_ns_link(text)
+        if inode is not None and inode != initial:
+            found.append(f"namespace: {link} is {text.strip()[:40]}, not the initial {name} namespace ({initial})")
+    return found
 
 
 def probe_container(
@@ -62,7 +96,11 @@ def probe_container(
         saw("file: /.dockerenv", "docker")
     if env.get("container"):
         saw(f"environment: container={env['container'][:40]}", _ENV_RUNTIMES.get(env["container"]))
-    for e in entries:
+    seen_paths: set[str] = set()
+    for e in entries:  # a v1 path is listed once per hierarchy: say each path once
+        if e.path in seen_paths:
+            continue
+        seen_paths.add(e.path)
         for marker, runtime in _PATH_MARKERS:
             if marker in e.path:
                 saw(f"cgroup path: {e.path[:200]}", runtime)
@@ -70,6 +108,8 @@ def probe_container(
     m = mount_for(mounts, "/proc/meminfo")
     if m is not None and "lxcfs" in m.fstype:
         saw("mount: lxcfs over /proc/meminfo", "lxc")
+    for line in _namespaces(root):
+        saw(line, "container-other")
     rootfs = mount_for(mounts, "/")
     if rootfs is not None and rootfs.fstype == "overlay":
         evidence.append("mount: / is an overlay filesystem")  # weak: live systems use overlay too

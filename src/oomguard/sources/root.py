@@ -60,6 +60,15 @@ class Root:
         """The names in directory *path*, sorted (``run`` lists /proc to find orphans)."""
         raise NotImplementedError
 
+    def readlink(self, path: str) -> str | Failure:
+        """The text of symbolic link *path* (``/proc/self/ns/pid`` reads ``pid:[4026531836]``).
+
+        A snapshot stores such a link as a file holding that text (a tarball or a fixture tree then
+        needs no links), so this reads the file; the live root reads the link.
+        """
+        text = self.read(path)
+        return text.strip() if isinstance(text, str) else text
+
     def environ(self) -> dict[str, str]:
         """The probed process's environment."""
         raise NotImplementedError
@@ -101,6 +110,14 @@ class LiveRoot(Root):
     def listdir(self, path: str) -> list[str] | Failure:
         try:
             return sorted(os.listdir(path))
+        except OSError as exc:
+            return _failure_from_oserror(path, exc)
+        except ValueError:
+            return _bad_path(path)
+
+    def readlink(self, path: str) -> str | Failure:
+        try:
+            return os.readlink(path)
         except OSError as exc:
             return _failure_from_oserror(path, exc)
         except ValueError:

@@ -1,8 +1,9 @@
 """Snapshots: a recording view of the live system, and the tarball it is written to.
 
 The probe runs once against a recording view of the live system; every file it read,
-every marker it found and the environment variables the probe reads are written as a tree
-rooted at "/" into a .tar.gz. ``check --root FILE`` then computes what the node computed.
+every marker it found, every link it read (as a file holding the link's text: the namespace
+links ``/proc/self/ns/pid`` and ``/proc/self/ns/cgroup``) and the environment variables the
+probe reads are written as a tree rooted at "/" into a .tar.gz. ``check --root FILE`` then computes what the node computed.
 
 The environment is an allow-list: a snapshot is meant for bug reports, and a process's
 environment holds tokens (``OOMGUARD_AGENT_TOKEN``, ``VAST_API_KEY``, cloud keys). ``ENV_KEEP``
@@ -76,6 +77,12 @@ class RecordingRoot(Root):
 
     def listdir(self, path: str) -> list[str] | Failure:
         return self.inner.listdir(path)
+
+    def readlink(self, path: str) -> str | Failure:
+        text = self.inner.readlink(path)
+        if isinstance(text, str):
+            self.files[path] = text + "\n"  # a snapshot keeps a link as a file holding its text
+        return text
 
     def environ(self) -> dict[str, str]:
         return self.inner.environ()

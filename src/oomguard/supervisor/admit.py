@@ -7,16 +7,21 @@ A budget that cannot work is not handed to a worker (docs/run.md, "Before each s
 - with plan flags, a budget below the plan's baseline + one job, or any plan that fits no job
   (RLIMIT_MEMLOCK below the pinned baseline, no GPU for a job that needs one).
 
+- an explicit budget (``--budget``, ``OOMGUARD_BUDGET``) above the hard ceiling, unless
+  ``--allow-over-limit`` (``policy.budget.over_limit``: the same sentence ``check --require`` and
+  ``plan --require-jobs`` refuse with).
+
 ``run`` then starts nothing: a ``give-up`` event whose message says why, and exit 3, as
 ``check`` warns ``budget-too-small`` and ``plan --require-jobs 1`` exits 3 for the same numbers.
-A budget that does start but is above the hard ceiling or the soft limit (an explicit one) is
-said as a warning on the start event (``warnings`` codes, and the message).
+A budget that does start but is above the hard ceiling (allowed) or the soft limit (an explicit
+one) is said as a warning on the start event (``warnings`` codes, and the message).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from oomguard.policy.budget import over_limit
 from oomguard.units import format_size
 
 TYPE_CHECKING = False
@@ -36,10 +41,13 @@ def _empty_budget(report: Report, budget: int) -> str:
     return f"the {b['source']} budget is {format_size(budget)} ({b['requested']!r})"
 
 
-def refusal(report: Report, budget: int, plan: Plan | None) -> str | None:
+def refusal(report: Report, budget: int, plan: Plan | None, *, allow_over_limit: bool = False) -> str | None:
     """Why the worker must not start with *budget* (and *plan*), in one sentence; None when it may."""
     if budget <= 0:
         return _empty_budget(report, budget) + "; not starting the worker"
+    above = None if allow_over_limit else over_limit(report)
+    if above is not None:
+        return above + "; not starting the worker"
     if plan is None or plan["concurrency"] > 0:
         return None
     shape = plan["shape"]

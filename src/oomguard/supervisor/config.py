@@ -147,6 +147,7 @@ class RunConfig:
         stop_timeout: float = 30.0,
         isolate: bool = False,
         guard: GuardSettings | None = None,
+        allow_over_limit: bool = False,
     ) -> None:
         if not command:
             raise UsageError("run: missing the command to run (oomguard run [options] -- CMD ARGS...)")
@@ -164,6 +165,7 @@ class RunConfig:
         self.min_concurrency = min_concurrency
         self.stop_timeout = stop_timeout
         self.isolate = isolate
+        self.allow_over_limit = allow_over_limit  # an explicit budget above the ceiling may start
         self.guard = guard
 
 

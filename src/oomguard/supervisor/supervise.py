@@ -259,7 +259,7 @@ class Supervisor:
 
     def _refuse_start(self, report: Report, plan: Plan | None, ctx: dict[str, Any]) -> int | None:
         """The exit status when the worker must not start (a budget that cannot work, a stop); else None."""
-        why = refusal(report, ctx["budget_bytes"], plan)
+        why = refusal(report, ctx["budget_bytes"], plan, allow_over_limit=self.cfg.allow_over_limit)
         if why is not None:
             self.log.emit("give-up", message=why, **ctx)
             return EXIT_THRESHOLD
