@@ -724,22 +724,15 @@ def test_allocating_exactly_the_budget_survives(group: Group, tmp_path: Path) ->
 
 
 @needs_cgroup
-def test_a_budget_sized_from_memtotal_is_oom_killed(group: Group, tmp_path: Path) -> None:
+def test_a_budget_sized_from_memtotal_is_refused_and_if_allowed_oom_killed(group: Group, tmp_path: Path) -> None:
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    rc, ev, _ = run_in(
-        group,
-        tmp_path,
-        "--restart",
-        "never",
-        "--budget",
-        str(mem_total // 2),
-        "--",
-        PY,
-        "-c",
-        ALLOC,
-        "int(env['OOMGUARD_BUDGET_BYTES'])",
-    )
-    assert rc == 137 and ev[1]["reason"] == "oom-kill"
+    alloc = ["--", PY, "-c", ALLOC, "int(env['OOMGUARD_BUDGET_BYTES'])"]
+    budget = ["--restart", "never", "--budget", str(mem_total // 2)]
+    rc, ev, _ = run_in(group, tmp_path, *budget, *alloc)
+    assert rc == 3 and [e["event"] for e in ev] == ["give-up"]  # the gate: the outage never starts
+    assert "is above the hard ceiling 700 MiB" in ev[0]["message"]
+    rc, ev, _ = run_in(group, tmp_path, *budget, "--allow-over-limit", *alloc)  # said to be meant: the kernel
+    assert rc == 137 and ev[-1]["reason"] == "oom-kill"
 
 
 @needs_cgroup
