@@ -4,21 +4,40 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest cov fmt bench clean system-deps pyz
+CONSTRAINTS := constraints.txt
 
-$(STAMP): pyproject.toml
+.PHONY: run test test-fast deps lint typecheck pytest cov fmt bench clean system-deps pyz upgrade-deps
+
+# The dev tools and the manager's libraries at the versions in constraints.txt (pip -c).
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,manager]'
+	$(BIN)/pip install --quiet --upgrade pip -c $(CONSTRAINTS)
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[dev,manager]'
 	touch $@
+
+# Rewrite constraints.txt with the newest releases (a throwaway venv); then make test, and commit it.
+upgrade-deps:
+	rm -rf $(VENV)-upgrade
+	$(PY) -m venv $(VENV)-upgrade
+	$(VENV)-upgrade/bin/pip install --quiet --upgrade pip
+	$(VENV)-upgrade/bin/pip install --quiet -e '.[dev,manager]'
+	{ sed -n '/^#/p' $(CONSTRAINTS); $(VENV)-upgrade/bin/pip freeze --all --exclude-editable | grep -v -e '^setuptools==' -e '^oomguard'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf $(VENV)-upgrade
 
 run: $(STAMP)
 	$(BIN)/oomguard check
 
-test: system-deps lint typecheck pytest
+test: deps lint typecheck pytest
 
-system-deps:
+# The Debian packages the whole suite needs (scripts/system-deps.sh: installs only what is missing).
+deps system-deps:
 	bash scripts/system-deps.sh
+
+# The suite without the parts that need the VM, real container runtimes, PostgreSQL or a browser
+# (markers: tests/conftest.py, CONTRIBUTING.md), and without lint and type checks: the quick loop.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not vm and not runtimes and not postgres and not browser" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools
@@ -66,4 +85,4 @@ pyz:
 	rm -rf $(DIST)/.pyz-stage
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts/.coverage
+	rm -rf $(VENV) $(VENV)-upgrade build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache test-artifacts/.coverage

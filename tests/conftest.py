@@ -15,6 +15,34 @@ settings.load_profile("oomguard")
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
+# Markers for the parts that need more than this checkout and Python (pyproject.toml registers
+# them; CONTRIBUTING.md lists them; `make test-fast` deselects all four). Given here, by what a
+# test uses, so a new test is marked by the fixture it asks for, not by remembering a decorator.
+BROWSER_FIXTURES = frozenset({"browser"})  # headless Chromium (tests/test_dashboard.py)
+POSTGRES_FIXTURES = frozenset({"pg", "own_pg"})  # a real PostgreSQL server (tests/pg.py)
+
+
+def _markers(item: pytest.Item) -> list[str]:
+    rel = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
+    found = []
+    if rel.startswith("tests/vm/"):
+        found.append("vm")
+    if rel == "tests/test_runtimes.py":
+        found.append("runtimes")
+    names = set(getattr(item, "fixturenames", ()))
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if names & POSTGRES_FIXTURES or "postgresql" in params.values():
+        found.append("postgres")
+    if names & BROWSER_FIXTURES:
+        found.append("browser")
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in _markers(item):
+            item.add_marker(name)
+
 
 def run_oomguard(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess[str]:
     """Run ``python -m oomguard`` from the checkout, as a user would."""
