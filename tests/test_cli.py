@@ -365,3 +365,26 @@ def test_verify_of_a_plan_that_fits_no_job_says_so_and_exits_3(tmp_path: Path) -
     assert proc.stdout == ""
     assert proc.stderr.startswith("oomguard: error: verify: the plan fits 0 jobs (0 jobs, memory binds: ")
     assert proc.stderr.endswith("): nothing to verify\n") and "DELIVERED" not in proc.stderr
+
+
+def test_a_bad_parameter_names_the_parameter_in_the_api_and_the_flag_on_the_command_line() -> None:
+    """click's BadParameter habit: policy, supervisor and agent name their parameter; the CLI the flag."""
+    import oomguard
+    from oomguard.commands.flags import flag_message
+    from oomguard.supervisor.restart import RestartPolicy
+
+    with pytest.raises(oomguard.BadParameter) as e:
+        oomguard.Shape(0)
+    assert (str(e.value), e.value.param) == ("per_job: must be above 0", "per_job")
+    assert flag_message(e.value) == "--per-job: must be above 0"
+    with pytest.raises(oomguard.BadParameter) as e:
+        RestartPolicy(backoff_factor=0.5)
+    assert flag_message(e.value) == "--backoff-factor: must be at least 1, got 0.5"
+    with pytest.raises(oomguard.BadParameter) as e:
+        RestartPolicy("sometimes")
+    assert str(e.value).startswith("mode: ") and flag_message(e.value).startswith("--restart: expected one of")
+    assert isinstance(e.value, oomguard.UsageError)  # exit 2, as every usage error
+    proc = run_oomguard("plan", "--per-job", "0")
+    assert (proc.returncode, proc.stderr) == (2, "oomguard: error: --per-job: must be above 0\n")
+    proc = run_oomguard("run", "--backoff-factor", "0.5", "--", "true")
+    assert (proc.returncode, proc.stderr) == (2, "oomguard: error: --backoff-factor: must be at least 1, got 0.5\n")

@@ -38,8 +38,8 @@ def test_check_require_refuses_the_outage_budget_from_the_environment(node: Path
     proc = oomguard("check", "--root", str(node), "--require", "1B")
     assert proc.returncode == 3
     assert proc.stderr == (
-        f"oomguard: error: --require: the env budget 20 GiB, from OOMGUARD_BUDGET=20GiB, is above {CEILING}: the kernel "
-        f"OOM-kills a worker that uses it at the ceiling; {OVERRIDE}\n"
+        "oomguard: error: --require: the env budget 20 GiB, from OOMGUARD_BUDGET=20GiB, "
+        f"is above {CEILING}: the kernel OOM-kills a worker that uses it at the ceiling; {OVERRIDE}\n"
     )
     # without --require, check reports and warns, and exits 0
     proc = oomguard("check", "--json", "--root", str(node))
@@ -49,7 +49,11 @@ def test_check_require_refuses_the_outage_budget_from_the_environment(node: Path
 
 @pytest.mark.parametrize(
     ("args", "env"),
-    [(["--allow-over-limit"], {}), ([], {"OOMGUARD_ALLOW_OVER_LIMIT": "1"}), ([], {"OOMGUARD_ALLOW_OVER_LIMIT": "yes"})],
+    [
+        (["--allow-over-limit"], {}),
+        ([], {"OOMGUARD_ALLOW_OVER_LIMIT": "1"}),
+        ([], {"OOMGUARD_ALLOW_OVER_LIMIT": "yes"}),
+    ],
 )
 def test_the_operator_can_say_it_is_meant(node: Path, args: list[str], env: dict[str, str]) -> None:
     proc = oomguard("check", "--root", str(node), "--require", "1B", *args, **env)
@@ -75,7 +79,8 @@ def test_the_flag_budget_at_the_ceiling_passes_one_byte_above_fails(tmp_path: Pa
     above = oomguard("check", "--root", str(tree), "--require", "1B", "--budget", str(2 * GiB + 1))
     assert above.returncode == 3
     assert above.stderr.startswith(
-        f"oomguard: error: --require: the explicit budget 2 GiB (2147483649 bytes), from --budget {2 * GiB + 1}, is above {CEILING}"
+        "oomguard: error: --require: the explicit budget 2 GiB (2147483649 bytes), "
+        f"from --budget {2 * GiB + 1}, is above {CEILING}"
     ), above.stderr
     # 100% of the basis is the ceiling itself: never above it
     assert oomguard("check", "--root", str(tree), "--require", "1B", "--budget", "100%").returncode == 0

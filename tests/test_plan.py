@@ -167,7 +167,7 @@ def test_the_pin_method_decides_whether_memlock_can_refuse() -> None:
     p = plan(report, Shape(GiB, pinned_per_job=512 * MiB, pin_method="cuda"))
     assert (p["concurrency"], p["capacity"]["memlock"]) == (100, None)
     assert [w["code"] for w in report["warnings"]] == ["pinned-counts-against-limit"]
-    with pytest.raises(UsageError, match="--pin-method must be one of cuda, mlock, rdma, got 'dma'"):
+    with pytest.raises(UsageError, match=r"^pin_method: must be one of cuda, mlock, rdma, got 'dma'$"):
         Shape(GiB, pin_method="dma")
 
 
@@ -283,7 +283,7 @@ def test_builtin_profiles_carry_the_provers_numbers() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--per-job", "0"], "plan: --per-job must be above 0"),
+        (["--per-job", "0"], "--per-job: must be above 0"),  # Shape's per_job, named by its flag
         (["--per-job", "-1G"], "--per-job: -1G is negative (a size is 0 or more)"),
         (["--per-job=-1G"], "--per-job: -1G is negative (a size is 0 or more)"),
         (["--profile", "nope"], "--profile: unknown profile 'nope'"),

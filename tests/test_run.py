@@ -456,7 +456,7 @@ def test_a_budget_below_baseline_plus_one_job_starts_nothing(tmp_path: Path) -> 
 def test_a_budget_above_the_ceiling_starts_nothing_unless_allowed(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB)
-    rc, ev, err, _ = supervise_in_tree(tree, command=["touch", str(marker)], budget="3GiB")
+    rc, ev, _, _ = supervise_in_tree(tree, command=["touch", str(marker)], budget="3GiB")
     assert rc == 3 and not marker.exists() and [e["event"] for e in ev] == ["give-up"]
     assert ev[0]["message"] == (
         "the explicit budget 3 GiB, from --budget 3GiB, is above the hard ceiling 2 GiB (cgroup-v2, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from oomguard._version import __version__
 
 __all__ = [
+    "BadParameter",
     "LiveRoot",
     "MemoryBudget",
     "OomguardError",
@@ -53,6 +54,7 @@ _LAZY = {
     "to_json": "commands.render",
     "OomguardError": "errors",
     "UsageError": "errors",
+    "BadParameter": "errors",
     "SnapshotError": "errors",
     "ThresholdError": "errors",
     "Watch": "policy.watch",
@@ -62,7 +64,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Report
     from oomguard.commands.render import to_json
-    from oomguard.errors import OomguardError, SnapshotError, ThresholdError, UsageError
+    from oomguard.errors import BadParameter, OomguardError, SnapshotError, ThresholdError, UsageError
     from oomguard.policy.budget import probe, resolve_budget
     from oomguard.policy.plan import Shape, make_plan
     from oomguard.policy.reserve import MemoryBudget, Reservation, ReservationTooLarge

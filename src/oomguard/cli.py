@@ -13,7 +13,15 @@ import os
 import sys
 
 from oomguard._version import __version__
-from oomguard.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, OomguardError, UsageError, exit_codes_help
+from oomguard.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    BadParameter,
+    OomguardError,
+    UsageError,
+    exit_codes_help,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -201,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(sys.argv[1:] if argv is None else argv)
     except OomguardError as exc:
-        sys.stderr.write(f"oomguard: error: {exc}\n")
+        message = str(exc)
+        if isinstance(exc, BadParameter):  # the API's parameter name -> the flag the user typed
+            from oomguard.commands.flags import flag_message
+
+            message = flag_message(exc)
+        sys.stderr.write(f"oomguard: error: {message}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("oomguard: interrupted\n")

@@ -73,6 +73,21 @@ class UsageError(OomguardError):
     """A flag, environment variable or argument that cannot be used as given."""
 
 
+class BadParameter(UsageError):
+    """A bad value for the parameter *param*, named as the API names it (``per_job``, ``manager``).
+
+    click's ``BadParameter(message, param=...)``: the library's words are its own parameter names,
+    so ``Shape(per_job=0)`` says ``per_job: must be above 0`` to a library user, and the command
+    line, which knows which flag fed the parameter, says ``--per-job: must be above 0``
+    (``commands.flags.flag_message``). *message* does not repeat the name.
+    """
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        self.message = message
+        super().__init__(f"{param}: {message}")
+
+
 class SnapshotError(OomguardError):
     """A ``--root`` snapshot that is missing, unreadable or not a snapshot."""
 

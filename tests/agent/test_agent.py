@@ -370,10 +370,11 @@ def test_invalid_manager_urls(tmp_path: Path) -> None:
     for url in ("ftp://host/", "file:///etc/passwd", "127.0.0.1:8080", "http://", "http://host:port/", ""):
         with pytest.raises(UsageError) as e:
             Sender(url, TOKEN, spool)
-        assert str(e.value).startswith("--manager: ") and "\n" not in str(e.value)
-    with pytest.raises(UsageError, match=r"^--manager: .*query"):
+        assert str(e.value).startswith("manager: ") and "\n" not in str(e.value)  # the parameter's name
+        assert e.value.param == "manager"  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match=r"^manager: .*query"):
         Sender("http://x/?a=1", TOKEN, spool)
-    with pytest.raises(UsageError, match=r"^--token "):
+    with pytest.raises(UsageError, match=r"^token: "):
         Sender("http://x", "bad\ntoken", spool)
     assert Sender("http://x", " padded-token\n", spool).client.token == "padded-token"
     Sender("HTTPS://x.example:8443/", TOKEN, spool)  # accepted

@@ -325,7 +325,7 @@ def test_a_usage_error_from_the_probe_is_not_an_internal_error(tmp_path: Path) -
 
 @pytest.mark.parametrize("interval", [0, -1, float("nan")])
 def test_run_agent_loop_rejects_an_interval_not_above_zero(tmp_path: Path, interval: float) -> None:
-    with pytest.raises(UsageError, match=r"^--interval: .*> 0 seconds, got") as e:
+    with pytest.raises(UsageError, match=r"^interval: .*> 0 seconds, got") as e:
         run_agent(**agent_args(tmp_path, interval=interval), max_cycles=1)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "spool").exists()  # refused before anything was created
@@ -341,8 +341,8 @@ def test_an_unusable_spool_is_a_usage_error_naming_the_flag(manager: FakeManager
         for once in (True, False):
             with pytest.raises(UsageError) as e:
                 run_agent(**agent_args(tmp_path, manager=manager.url, spool_dir=str(bad), once=once))
-            assert str(e.value) == f"--spool: cannot use {str(bad)!r} as the spool directory (not a directory)"
-        with pytest.raises(UsageError, match=r"^--spool: "):
+            assert str(e.value) == f"spool: cannot use {str(bad)!r} as the spool directory (not a directory)"
+        with pytest.raises(UsageError, match=r"^spool: "):
             EventForwarder(manager.url, TOKEN, "n1", str(bad))
     assert manager.requests == []
     proc = run_oomguard("agent", "--once", "--no-gpu", "--manager", manager.url, "--spool", str(a_file))

@@ -35,7 +35,7 @@ from typing import Any
 
 from oomguard._version import __version__
 from oomguard.agent.log import one_line
-from oomguard.errors import UsageError
+from oomguard.errors import BadParameter
 
 ENDPOINTS = {"report": "reports", "event": "events"}
 RETRY_4XX = frozenset({408, 429})  # "not now" (RFC 9110 15.5.9, RFC 6585 section 4), not "never"
@@ -80,7 +80,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def check_manager(manager: str) -> str:
-    """The manager's base URL without trailing slashes; ``UsageError`` naming ``--manager``
+    """The manager's base URL without trailing slashes; ``BadParameter("manager")``
     unless it is an http(s) URL with a host and no query or fragment."""
     base = manager.strip().rstrip("/")
     try:
@@ -89,18 +89,18 @@ def check_manager(manager: str) -> str:
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--manager: the URL must be http://HOST[:PORT][/PATH] or https://..., got {manager!r}")
+        raise BadParameter("manager", f"the URL must be http://HOST[:PORT][/PATH] or https://..., got {manager!r}")
     if parts.query or parts.fragment:
-        raise UsageError(f"--manager: the URL must not have a query or fragment, got {manager!r}")
+        raise BadParameter("manager", f"the URL must not have a query or fragment, got {manager!r}")
     return base
 
 
 def check_token(token: str) -> str:
-    """*token* without surrounding white space; ``UsageError`` naming ``--token`` when it holds
+    """*token* without surrounding white space; ``BadParameter("token")`` when it holds
     spaces or control characters (it could not travel in a header)."""
     token = token.strip()
     if any(c.isspace() or not c.isprintable() for c in token):
-        raise UsageError("--token (or OOMGUARD_AGENT_TOKEN): must not contain spaces or control characters")
+        raise BadParameter("token", "must not contain spaces or control characters")
     return token
 
 
@@ -172,8 +172,8 @@ def http_outcome(err: urllib.error.HTTPError) -> Outcome:
 
 
 class Client:
-    """POSTs items to the manager at *manager* with bearer *token*. ``UsageError`` naming the
-    flag for a bad URL or token."""
+    """POSTs items to the manager at *manager* with bearer *token*. ``BadParameter`` naming the
+    parameter for a bad URL or token."""
 
     def __init__(self, manager: str, token: str, *, timeout: float = 10.0) -> None:
         self.manager = check_manager(manager)

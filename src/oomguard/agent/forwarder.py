@@ -34,7 +34,7 @@ WAKE_S = 30.0  # the thread retries what waits in the spool at least this often
 class EventForwarder:
     """A sink for supervisor events: spooled at once (durable), sent by a background thread.
 
-    ``UsageError`` naming the flag for a bad ``--manager``, ``--token`` or ``--spool``."""
+    ``BadParameter`` for a bad ``manager``, ``token`` or ``spool`` (the command line names the flag)."""
 
     def __init__(
         self, manager: str, token: str, node: str, spool_dir: str, *, heartbeat_s: float = HEARTBEAT_S

@@ -31,8 +31,8 @@ from oomguard.errors import (
     EXIT_SPOOLED,
     EXIT_TOKEN_REFUSED,
     EXIT_WRONG_URL,
+    BadParameter,
     OomguardError,
-    UsageError,
 )
 from oomguard.nodes import sanitize_node_name
 
@@ -151,10 +151,10 @@ def run_agent(
     ``interval_s`` is *interval* when > 0 (a cron period), else null. Else every *interval*
     until *max_cycles* (None: for ever): ``EXIT_OK``, or ``EXIT_INTERNAL`` after
     ``MAX_INTERNAL_ERRORS`` internal errors in a row (logged with their tracebacks).
-    ``UsageError`` naming the flag for a bad ``--manager``, ``--token``, ``--interval`` or ``--spool``.
+    ``BadParameter`` for a bad ``manager``, ``token``, ``interval`` or ``spool`` (the command line names the flag).
     """
     if not once and not interval > 0:
-        raise UsageError(f"--interval: the report interval must be > 0 seconds, got {interval:g}")
+        raise BadParameter("interval", f"the report interval must be > 0 seconds, got {interval:g}")
     emit = log if log is not None else stderr_log
     sender = Sender(manager, token, open_spool(spool_dir), log=emit)
     clean = sanitize_node_name(node)

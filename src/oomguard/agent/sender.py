@@ -33,7 +33,7 @@ REFUSED = ("token", "url", "rejected")
 
 
 class Sender:
-    """Delivers spooled items to the manager, oldest first. ``UsageError`` for a bad manager
+    """Delivers spooled items to the manager, oldest first. ``BadParameter`` for a bad manager
     URL or token."""
 
     def __init__(

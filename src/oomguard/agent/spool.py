@@ -8,7 +8,7 @@ items it keeps answering with 5xx for too long, move to ``rejected/`` (``agent/r
 
 Faults of the directory itself (unreadable, removed, a file in its place, disk full) are
 ``SpoolError`` values for the sender, which then reports directly; at start ``open_spool``
-turns them into a ``UsageError`` naming ``--spool``.
+turns them into a ``BadParameter("spool")``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from oomguard.agent.rejected import move_to_rejected, read_retry, write_retry
-from oomguard.errors import UsageError
+from oomguard.errors import BadParameter
 
 KINDS = ("report", "event")
 _SEQ_DIGITS = 12
@@ -56,15 +56,15 @@ def default_spool_dir(env: dict[str, str]) -> str:
 
 
 def open_spool(directory: str) -> Spool:
-    """The spool in *directory* (created when missing); ``UsageError`` naming ``--spool`` when
+    """The spool in *directory* (created when missing); ``BadParameter("spool")`` when
     it cannot be created, read or written."""
     try:
         spool = Spool(directory)
         os.listdir(directory)
     except OSError as exc:
-        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory ({_why(exc)})") from None
+        raise BadParameter("spool", f"cannot use {directory!r} as the spool directory ({_why(exc)})") from None
     if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):
-        raise UsageError(f"--spool: cannot use {directory!r} as the spool directory (permission denied)")
+        raise BadParameter("spool", f"cannot use {directory!r} as the spool directory (permission denied)")
     return spool
 
 

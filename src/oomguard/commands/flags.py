@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from oomguard._types import Report
+    from oomguard.errors import BadParameter
     from oomguard.policy.plan import Shape
 
 BUDGET_HELP = "auto (default), SIZE (e.g. 300GiB) or PCT% of the basis; beats OOMGUARD_BUDGET"
@@ -123,6 +124,19 @@ def add_shape(parser: argparse.ArgumentParser) -> None:
     option(group, "--gpu-per-job", "device memory per job on each visible GPU (needs GPU data)", "SIZE")
     option(group, "--max-jobs", "never more than N jobs", "N")
     option(group, "--cpus-per-job", "CPUs each job needs (no CPU constraint without it)", "N")
+
+
+# The flag that feeds each API parameter whose name does not simply become --name-with-dashes.
+FLAG_OF_PARAM = {
+    "mode": "--restart",  # RestartPolicy(mode)
+    "token": "--token (or OOMGUARD_AGENT_TOKEN)",
+}
+
+
+def flag_message(exc: BadParameter) -> str:
+    """*exc* in the command line's words: the flag the user typed, not the API's parameter name."""
+    flag = FLAG_OF_PARAM.get(exc.param, "--" + exc.param.replace("_", "-"))
+    return f"{flag}: {exc.message}"
 
 
 def value(args: argparse.Namespace, name: str) -> str | None:

@@ -17,7 +17,7 @@ the first in the order above).
 
 from __future__ import annotations
 
-from oomguard.errors import UsageError
+from oomguard.errors import BadParameter
 from oomguard.report import add_warning
 from oomguard.units import format_size
 
@@ -82,17 +82,17 @@ class Shape:
         profile: str | None = None,
     ) -> None:
         if per_job <= 0:
-            raise UsageError("plan: --per-job must be above 0")
+            raise BadParameter("per_job", "must be above 0")
         if max_jobs is not None and max_jobs < 0:
-            raise UsageError("plan: --max-jobs must not be negative")
+            raise BadParameter("max_jobs", "must not be negative")
         if cpus_per_job is not None and not cpus_per_job > 0:
-            raise UsageError("plan: --cpus-per-job must be above 0")
+            raise BadParameter("cpus_per_job", "must be above 0")
         if pinned_per_job is not None and pinned_per_job <= 0:
-            raise UsageError("plan: --pinned-per-job must be above 0")
+            raise BadParameter("pinned_per_job", "must be above 0")
         if gpu_per_job is not None and gpu_per_job <= 0:
-            raise UsageError("plan: --gpu-per-job must be above 0")
+            raise BadParameter("gpu_per_job", "must be above 0")
         if pin_method not in PIN_METHODS:
-            raise UsageError(f"plan: --pin-method must be one of {', '.join(PIN_METHODS)}, got {pin_method!r}")
+            raise BadParameter("pin_method", f"must be one of {', '.join(PIN_METHODS)}, got {pin_method!r}")
         self.per_job = per_job
         self.baseline = baseline
         self.pinned_per_job = pinned_per_job

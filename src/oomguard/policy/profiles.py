@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from oomguard.errors import UsageError
+from oomguard.errors import BadParameter, UsageError
 from oomguard.units import parse_size
 
 SIZE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job")
@@ -43,17 +43,17 @@ def _load(path: str, *, builtin: bool = False) -> dict[str, dict[str, object]]:
                 with open(path, "rb") as f:
                     data = tomllib.load(f)
             else:
-                raise UsageError(f"--profiles: {path}: TOML needs Python >= 3.11; use a JSON file")
+                raise BadParameter("profiles", f"{path}: TOML needs Python >= 3.11; use a JSON file")
         else:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
     except OSError as exc:
-        raise UsageError(f"--profiles: cannot read {path}: {exc.strerror or exc}") from None
+        raise BadParameter("profiles", f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError
-        raise UsageError(f"--profiles: {path} is not valid: {str(exc).splitlines()[0]}") from None
+        raise BadParameter("profiles", f"{path} is not valid: {str(exc).splitlines()[0]}") from None
     profiles = data.get("profiles", data) if isinstance(data, dict) else None
     if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
-        raise UsageError(f"--profiles: {path}: expected a table of profiles, {{NAME: {{per_job: ...}}}}")
+        raise BadParameter("profiles", f"{path}: expected a table of profiles, {{NAME: {{per_job: ...}}}}")
     return {k: v for k, v in profiles.items() if not k.startswith("_")}
 
 

@@ -3,7 +3,8 @@
 The probe runs once against a recording view of the live system; every file it read,
 every marker it found, every link it read (as a file holding the link's text: the namespace
 links ``/proc/self/ns/pid`` and ``/proc/self/ns/cgroup``) and the environment variables the
-probe reads are written as a tree rooted at "/" into a .tar.gz. ``check --root FILE`` then computes what the node computed.
+probe reads are written as a tree rooted at "/" into a .tar.gz. ``check --root FILE`` then
+computes what the node computed.
 
 The environment is an allow-list: a snapshot is meant for bug reports, and a process's
 environment holds tokens (``OOMGUARD_AGENT_TOKEN``, ``VAST_API_KEY``, cloud keys). ``ENV_KEEP``

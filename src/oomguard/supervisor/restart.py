@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from oomguard.errors import UsageError
+from oomguard.errors import BadParameter
 
 RESTART_MODES = ("on-failure", "always", "never")
 
@@ -29,9 +29,9 @@ class RestartPolicy:
         window: float = 600.0,
     ) -> None:
         if mode not in RESTART_MODES:
-            raise UsageError(f"--restart: expected one of {', '.join(RESTART_MODES)}, got {mode!r}")
+            raise BadParameter("mode", f"expected one of {', '.join(RESTART_MODES)}, got {mode!r}")
         if backoff_factor < 1:
-            raise UsageError(f"--backoff-factor: must be at least 1, got {backoff_factor}")
+            raise BadParameter("backoff_factor", f"must be at least 1, got {backoff_factor}")
         self.mode = mode
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
