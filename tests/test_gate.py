@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.test_cli import make_tree
+from tests.helpers.trees import make_tree
 
 GiB = 1024**3
 PY = sys.executable

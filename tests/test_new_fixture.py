@@ -17,7 +17,7 @@ import pytest
 
 import oomguard
 from oomguard.sources.root import DirRoot, TarRoot
-from tests.test_fixtures import FIXTURES, check_case, lookup
+from tests.helpers.corpus import FIXTURES, check_case, lookup
 
 REPO = Path(__file__).resolve().parent.parent
 TOOL = REPO / "tools" / "new_fixture.py"

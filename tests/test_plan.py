@@ -14,7 +14,7 @@ from oomguard import Shape, make_plan
 from oomguard.errors import UsageError
 from oomguard.policy.profiles import load_profiles, profile_values
 from tests.conftest import run_oomguard
-from tests.test_cli import make_tree
+from tests.helpers.trees import make_tree
 
 GiB = 1024**3
 MiB = 1024**2

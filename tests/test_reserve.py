@@ -243,7 +243,7 @@ def test_stress_random_sizes_never_exceed_the_total() -> None:
 
 
 def test_from_system(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from tests.test_cli import make_tree
+    from tests.helpers.trees import make_tree
 
     b = MemoryBudget.from_system(root=str(make_tree(tmp_path)))
     assert b.total == 256 * 1024**2

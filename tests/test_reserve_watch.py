@@ -20,8 +20,8 @@ from oomguard import MemoryBudget, Reservation
 from oomguard.policy.watch import MAX_OVERSHOOT, Watch, guard_margin, read_working_set
 from oomguard.sources.root import DirRoot
 from tests.conftest import REPO
+from tests.helpers.trees import make_tree
 from tests.realcgroup import Group, limited_group, writable_parent
-from tests.test_cli import make_tree
 
 MiB = 1024 * 1024
 

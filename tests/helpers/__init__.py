@@ -1,0 +1,1 @@
+"""Helpers the test modules share: import them from here, never from another test module."""
