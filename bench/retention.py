@@ -44,7 +44,7 @@ from tests.manager_helpers import fixture_report, free_port, write_history, writ
 from tests.pg import PostgresServer  # noqa: E402
 
 from oomguard.manager.db import make_engine, migrate, nodes  # noqa: E402
-from oomguard.manager.retention import state  # noqa: E402
+from oomguard.manager.db import retention_state as state  # noqa: E402
 
 HOUR, MIN, DAY = 3_600_000, 60_000, 86_400_000
 RETENTION_DAYS = 30

@@ -35,6 +35,18 @@ def fixture_report(case: str = "original_503g_host_342g_v2_container", **budget:
     return copy.deepcopy(report)
 
 
+def json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place inside a JSON value (keys and list indexes from the top), the value itself left out."""
+    out = []
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            out += [(*prefix, key), *json_paths(sub, (*prefix, key))]
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            out += [(*prefix, i), *json_paths(sub, (*prefix, i))]
+    return out
+
+
 _PG = PostgresServer()
 
 

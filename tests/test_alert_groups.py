@@ -24,12 +24,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
+from oomguard.manager import alerts
 from oomguard.manager.alerts import HOUR_MS, KINDS
 from oomguard.manager.app import create_app
 from oomguard.manager.db import events, make_engine, nodes
-from oomguard.manager.formatting import ALERTS_PAGE
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
+from oomguard.manager.web.formatting import ALERTS_PAGE
 from tests.manager_helpers import AGENT, VIEWER, VIEWER_H, local_client, migrated_db
 
 NOW = 1_800_000_000_000
@@ -225,3 +226,33 @@ def test_show_all_is_paged_on_the_dashboard(db_url: str) -> None:
         assert shown == [] and f"none past {n}" in html and f"alerts_offset={n - ALERTS_PAGE}#alerts" in html
         shown, html = listed("/?alerts=offline&alerts_offset=junk")  # a bad offset is the first page
         assert len(shown) == ALERTS_PAGE and shown[0] == "node-00000"
+
+
+def test_a_new_alert_kind_is_one_entry(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ``AlertKind`` added to ``ALERTS`` (its SQL beside its Python) reaches the full list, the
+    overview's groups and the list's ``alerts`` column, with nothing else written for it."""
+    planted = alerts.AlertKind(
+        "budget-over-100",
+        "warning",
+        lambda seen: nodes.c.budget_bytes > 100,
+        lambda r: f"budget {r['budget_bytes']}" if (r["budget_bytes"] or 0) > 100 else None,
+    )
+    monkeypatch.setattr(alerts, "ALERTS", (*alerts.ALERTS, planted))
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        base = {"first_seen_ms": NOW, "last_seen_ms": NOW, "interval_ms": INTERVAL, "warnings": "[]"}
+        conn.execute(
+            insert(nodes),
+            [
+                {**base, "name": "big", "effective_bytes": 1000, "budget_bytes": 500},
+                {**base, "name": "small", "effective_bytes": 1000, "budget_bytes": 50},
+            ],
+        )
+    store = Store(engine, clock=lambda: NOW)
+    big = {"node": "big", "kind": "budget-over-100", "severity": "warning", "message": "budget 500"}
+    assert store.alerts() == [big]
+    groups = store.alert_groups(5)
+    assert groups["total"] == 1 and [(g["kind"], g["severity"], g["count"]) for g in groups["groups"]] == [
+        ("budget-over-100", "warning", 1)
+    ]
+    assert {n["name"]: n["alerts"] for n in store.list_nodes()["nodes"]} == {"big": 1, "small": 0}

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from oomguard.manager.chart import segments, y_step
-from oomguard.manager.formatting import gpus, timed
+from oomguard.manager.web.chart import segments, y_step
+from oomguard.manager.web.formatting import gpus, timed
 from tests.manager_helpers import ManagerProcess, fixture_report, write_latest
 from tests.test_dashboard import Browser, Page, api, browser, logged_in, pytestmark, rows, shot  # noqa: F401
 

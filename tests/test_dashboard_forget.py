@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from oomguard.manager.forget import forget_token
+from oomguard.manager.web.forget import forget_token
 from tests.manager_helpers import VIEWER, ManagerProcess, fixture_report
 from tests.test_dashboard import Browser, Page, Watch, api, browser, pytestmark, rows, shot  # noqa: F401
 from tests.test_dashboard_fleet import PHONE, WIDE

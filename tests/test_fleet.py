@@ -17,7 +17,6 @@ from sqlalchemy import select
 from oomguard.manager.app import create_app
 from oomguard.manager.db import make_engine, migrate, reports
 from oomguard.manager.settings import Settings
-from oomguard.manager.store import columns as _columns  # noqa: F401  (reports.agent_ms)
 from oomguard.manager.times import parse_iso_ms
 from tests.conftest import REPO
 from tests.manager_helpers import AGENT, VIEWER_H, ManagerProcess, free_port

@@ -274,6 +274,25 @@ def test_upgrade_from_the_first_revision_keeps_data(db_url: str) -> None:
         )  # ids stored before the upgrade still deduplicate
 
 
+def test_the_tables_are_the_head_revisions(db_url: str) -> None:
+    """``db/tables.py`` declares what the migrations build, every column in its table's one
+    declaration (Alembic's autogenerate comparison finds nothing to change), with the revision ids
+    databases already carry."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from oomguard.manager.db import alembic_config, metadata
+
+    migrate(db_url)
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
+    revisions = [r.revision for r in ScriptDirectory.from_config(alembic_config(db_url)).walk_revisions()]
+    assert revisions == ["0005", "0004", "0003", "0002", "0001"]
+    engine.dispose()
+
+
 def test_oversized_body_gets_413_on_the_wire(db_url: str) -> None:
     server = ManagerProcess(db_url, "--max-body", "4KiB").start()
     try:
@@ -405,7 +424,7 @@ def test_times_are_milliseconds_through_the_one_iso_writer_and_reader() -> None:
 
 
 def test_one_bearer_check_for_the_api_and_the_pages(tmp_path: Path) -> None:
-    from oomguard.manager.deps import bearer, token_ok
+    from oomguard.manager.web.deps import bearer, token_ok
 
     assert bearer("Bearer  abc ") == "abc" and bearer("bEaReR abc") == "abc"
     assert bearer("Basic abc") is None and bearer(None) is None and bearer("Bearer") is None

@@ -32,7 +32,7 @@ from schemathesis.checks import not_a_server_error
 from oomguard.manager.app import create_app
 from oomguard.manager.db import migrate
 from oomguard.manager.settings import Settings
-from tests.manager_helpers import db_url_of, fixture_report, local_client
+from tests.manager_helpers import db_url_of, fixture_report, json_paths, local_client
 
 COUNTS = {"schemathesis cases": 0, "hypothesis bodies": 0, "hypothesis deletes": 0, "server errors": 0}
 ADMIN = "fuzz-admin-token"
@@ -94,18 +94,7 @@ JSON = st.recursive(
 )
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(value, dict):
-        for key, sub in value.items():
-            out.extend(_paths(sub, (*prefix, key)))
-    elif isinstance(value, list):
-        for i, sub in enumerate(value):
-            out.extend(_paths(sub, (*prefix, i)))
-    return out
-
-
-PATHS = [p for p in _paths(BASE) if p]
+PATHS = json_paths(BASE)
 
 
 def _set(report: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:

@@ -204,8 +204,8 @@ def test_an_old_sqlite_is_one_line_not_a_500_later(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_database_failure_log_masks_the_password(caplog: pytest.LogCaptureFixture) -> None:
-    from oomguard.manager.health import DbHealth
     from oomguard.manager.redact import Redactor
+    from oomguard.manager.store.health import DbHealth
 
     health = DbHealth(Redactor(["hunter2-secret"]))
     with caplog.at_level("ERROR", logger="oomguard.manager.database"):
@@ -256,7 +256,7 @@ def test_guessing_tokens_is_limited_per_client(tmp_path: Path) -> None:
 
 
 def test_sessions_are_signed_and_expire() -> None:
-    from oomguard.manager.sessions import FailureLimiter, Sessions
+    from oomguard.manager.web.sessions import FailureLimiter, Sessions
 
     s = Sessions("v" * 20, ttl_s=60)
     cookie = s.issue(now=1000.0)
@@ -305,7 +305,7 @@ class LiveServer:
     """The app under the manager's real uvicorn set-up, in a thread, on a real loopback socket."""
 
     def __init__(self, app: Any, max_connections: int = 100, header_timeout_s: float = 1.0) -> None:
-        from oomguard.manager.server import bind, build_server
+        from oomguard.manager.web.server import bind, build_server
 
         self.sock = bind("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
@@ -426,7 +426,7 @@ def test_a_connection_cap_answers_503_at_once(tmp_path: Path) -> None:
 
 
 def test_logs_are_rate_limited(tmp_path: Path) -> None:
-    from oomguard.manager.server import LOG_BURST
+    from oomguard.manager.web.server import LOG_BURST
 
     server = ManagerProcess(f"sqlite:///{tmp_path / 'log.db'}").start()
     try:
@@ -500,7 +500,7 @@ def test_the_nginx_example_in_front_of_a_real_manager(tmp_path: Path) -> None:
     )  # fmt: skip
     from urllib.parse import urlencode
 
-    from oomguard.manager.forget import forget_token
+    from oomguard.manager.web.forget import forget_token
 
     admin = "admin-token-through-nginx"
     manager = ManagerProcess(f"sqlite:///{tmp_path / 'p.db'}", env={"OOMGUARD_ADMIN_TOKEN": admin}).start()
@@ -768,7 +768,7 @@ def test_statement_and_pool_timeouts_are_timeouts(own_pg: PostgresServer) -> Non
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-    from oomguard.manager.health import classify
+    from oomguard.manager.store.health import classify
 
     engine = make_engine(own_pg.create_db("slow"), timeout_s=1.0)
     start = time.monotonic()

@@ -92,7 +92,7 @@ def test_is_valid_never_raises_and_matches_the_pattern(text: str) -> None:
 
 def _manager_node_model() -> type:
     pytest.importorskip("pydantic")
-    models = pytest.importorskip("oomguard.manager.models")
+    models = pytest.importorskip("oomguard.manager.bodies")
     from pydantic import BaseModel
 
     class Probe(BaseModel):
@@ -102,7 +102,7 @@ def _manager_node_model() -> type:
 
 
 def test_the_manager_enforces_the_same_pattern() -> None:
-    models = pytest.importorskip("oomguard.manager.models")
+    models = pytest.importorskip("oomguard.manager.bodies")
     assert models.NODE_PATTERN == NODE_PATTERN
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select, text
 
+from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
 from oomguard.manager.db import current_revision, events, make_engine, migrate, nodes, reports
-from oomguard.manager.models import EventEnvelope, ReportEnvelope
 from oomguard.manager.retention import HOUR_MS, LOCK_KEY
 from oomguard.manager.store import Store
 from oomguard.manager.times import iso_ms
@@ -55,7 +55,7 @@ def ingest(store: Store, node: str, *, agent_ms: int | None = None, ingest_id: s
     body = envelope(node, extra.pop("report", REPORT), **extra)
     body["id"] = ingest_id or body["id"]
     env = ReportEnvelope.model_validate(body)
-    return asyncio.run(store.ingest_report_async(env, json.dumps(env.report.model_dump()), agent_ms))
+    return asyncio.run(store.ingest_report_async(env, json.dumps(env.report), agent_ms))
 
 
 def event(store: Store, node: str, ingest_id: str, **fields: Any) -> bool:

@@ -1,10 +1,10 @@
-"""The manager's ASGI app: the API (``api``), the dashboard (``views``), their middleware, and
-the retention thread for the app's lifetime.
+"""The manager's ASGI app, wired: the API (``web.api``), the dashboard (``web.views``,
+``web.forget``), their middleware, and the retention thread for the app's lifetime.
 
 Routes reach the store, the settings, the database health, the sessions and the failure limiter
-through ``app.state`` (``deps``). A database that fails or hangs answers 503 with ``Retry-After``
+through ``app.state`` (``web.deps``). A database that fails or hangs answers 503 with ``Retry-After``
 (not the client's fault: agents keep the report in their spool), counted and logged once per
-episode (``health``). A request the models refuse answers 422 with the reasons, never echoing
+episode (``store.health``). A request its envelope refuses answers 422 with the reasons, never echoing
 the input back (FastAPI's default handler does, and fails on NaN). The API is described by
 ``/openapi.json``; there is no ``/docs`` or ``/redoc`` page, whose scripts would come from a CDN
 that the Content-Security-Policy (rightly) blocks.
@@ -24,15 +24,15 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oomguard._version import __version__
-from oomguard.manager import api, forget, pages, views
 from oomguard.manager.db import make_engine
-from oomguard.manager.health import DatabaseUnavailable, DbHealth
-from oomguard.manager.middleware import AllowedHosts, BodyLimit, Headers
-from oomguard.manager.redact import Redactor, url_secrets
+from oomguard.manager.redact import Redactor
 from oomguard.manager.retention import RetentionThread
-from oomguard.manager.sessions import FailureLimiter, Sessions
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
+from oomguard.manager.store.health import DatabaseUnavailable, DbHealth
+from oomguard.manager.web import api, forget, pages, views
+from oomguard.manager.web.middleware import AllowedHosts, BodyLimit, Headers
+from oomguard.manager.web.sessions import FailureLimiter, Sessions
 
 DESCRIPTION = (
     "Every node's memory truth and OOM history. Agents POST reports and events; readers GET nodes, alerts and metrics."
@@ -100,8 +100,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     )
     app.state.store = store
     app.state.settings = settings
-    secrets = [settings.agent_token, settings.viewer_token, settings.admin_token, *url_secrets(settings.db_url)]
-    app.state.health = DbHealth(Redactor(secrets))
+    app.state.health = DbHealth(Redactor(settings.secrets()))
     app.state.sessions = Sessions(settings.viewer_token, settings.session_ttl_s)
     app.state.limiter = FailureLimiter(settings.login_burst, settings.login_refill_s)
     for exc_class in (DatabaseUnavailable, DBAPIError, PoolTimeout):

@@ -1,5 +1,8 @@
-"""Request bodies held to strict JSON before any route sees them (``check_body``): a problem is a
-one-line reason, which the middleware answers with 422.
+"""Request bodies: what a client may send, held to strict JSON by the middleware before any route
+sees it (``parse_strict``), then to the envelopes below (pydantic): anything else is a 422 with a
+one-line reason, never a 500.
+
+Strict JSON (``parse_strict``, ``check_value``):
 
 - RFC 8259 JSON only: ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (section 6), though
   Python's ``json`` accepts them; bytes must be UTF-8 (section 8.1).
@@ -9,15 +12,24 @@ one-line reason, which the middleware answers with 422.
   fields cannot contain NUL (0x00) bytes"), and no field of a report needs one.
 - Integers within a signed 64-bit range (what a BIGINT column holds); a longer run of digits is
   refused whole (CPython caps int parsing at 4300 digits anyway: sys.set_int_max_str_digits).
+
+The envelopes (``ReportEnvelope``, ``EventEnvelope``): every integer that reaches a BIGINT column
+is bounded; floats must be finite; strings that become columns are short and of a conservative
+character set. The report inside an envelope is the report's own contract (``schema.json``),
+checked once, by ``oomguard.manager.contract``, and kept as JSON text as the agent sent it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from oomguard.manager import contract
 
 MAX_DEPTH = 32
-INT_LIMIT = 2**63 - 1
+INT_LIMIT = contract.BIG  # what a BIGINT column holds
 
 
 class _NotJson(ValueError):
@@ -69,3 +81,80 @@ def check_value(value: Any) -> str | None:
         elif isinstance(item, int) and not isinstance(item, bool) and not -INT_LIMIT <= item <= INT_LIMIT:
             return f"{where}: an integer outside the signed 64-bit range"
     return None
+
+
+# -- the envelopes --------------------------------------------------------------------------------
+
+NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+NodeName = Annotated[str, Field(pattern=NODE_PATTERN, max_length=128, description="Node name: [A-Za-z0-9._-], 1-128")]
+IngestId = Annotated[str, Field(pattern=ID_PATTERN, max_length=128, description="Idempotency key, e.g. a UUID")]
+Bytes = Annotated[int, Field(ge=0, le=INT_LIMIT)]
+SmallInt = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Finite = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+Interval = Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
+Report = Annotated[
+    dict[str, Any],
+    Field(
+        description=(
+            "An `oomguard check` report: src/oomguard/schema.json, relaxed for a mixed fleet (a field an older "
+            "agent lacks may be missing, one a newer agent adds may be there), and what the manager itself needs "
+            "of every report (below)"
+        ),
+        json_schema_extra=contract.needs(),
+    ),
+]
+
+
+class ReportEnvelope(BaseModel):
+    """A report as an agent posts it. The report is checked by ``contract.problem`` (the route's
+    422), not here, and stored as the agent sent it."""
+
+    model_config = ConfigDict(extra="forbid")
+    node: NodeName
+    id: IngestId
+    report: Report
+    interval_s: Interval | None = None
+    time: (
+        Annotated[
+            str,
+            Field(
+                max_length=64, description="When the report was made (ISO 8601); a spooled report keeps its own time"
+            ),
+        ]
+        | None
+    ) = None
+
+
+class EventIn(BaseModel):
+    """A supervisor event (docs/run.md; fields of a newer supervisor are kept); ``heartbeat`` (with
+    the supervisor's ``interval_s``) is stored as no row, it only keeps a node known from run events
+    alone (run-only) from going offline."""
+
+    model_config = ConfigDict(extra="allow")
+    event: Literal["start", "exit", "restart", "give-up", "stop", "heartbeat"]
+    time: Annotated[str, Field(max_length=64)] | None = None
+    pid: SmallInt | None = None
+    budget_bytes: Bytes | None = None
+    concurrency: SmallInt | None = None
+    reason: Literal["oom-kill", "pressure-stop", "signal", "exit", "clean"] | None = None
+    exit_code: SmallInt | None = None
+    signal: SmallInt | None = None
+    duration_s: Finite | None = None
+    delay_s: Finite | None = None
+    peak_bytes: Bytes | None = None
+    message: Annotated[str, Field(max_length=4000)] | None = None
+    interval_s: Interval | None = None
+
+
+class EventEnvelope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: NodeName
+    id: IngestId
+    event: EventIn
+
+
+class Stored(BaseModel):
+    stored: bool = Field(description="False when this id was already stored (an idempotent retry)")
+    id: str

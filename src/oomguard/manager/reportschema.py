@@ -1,9 +1,12 @@
 """The report's JSON Schema (``oomguard/schema.json``, draft 2020-12) applied by the manager, with
-no dependency beyond the standard library.
+no dependency beyond the standard library: the manager's one validator of a report (at ingest,
+through ``contract``, which adds the manager's own needs, written as JSON Schema too).
 
 - ``problem(report)``: the first place a report breaks the schema, at ingest (422). Relaxed for a
   mixed fleet: a field the schema does not know is kept (a newer agent) and a missing one is
   allowed (an older agent); every field that is there must have the schema's type and bounds.
+  ``relaxed=False`` is the schema as written (``required``, no unknown fields): the tests compare
+  both modes with the ``jsonschema`` package (tests/test_manager_contract.py).
 - ``conform(report)``: the report with every part that breaks the schema left out, for the
   templates: they never meet a type the schema did not check, even in rows stored before.
 

@@ -38,12 +38,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    BigInteger,
-    Column,
     Connection,
     Engine,
-    String,
-    Table,
     and_,
     delete,
     func,
@@ -56,25 +52,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from oomguard.manager.alerts import node_status
-from oomguard.manager.db import events, metadata, nodes, reports
+from oomguard.manager.db import events, nodes, reports, retention_state
 from oomguard.manager.times import now_ms
 
 HOUR_MS = 3_600_000
 FULL_RESOLUTION_MS = HOUR_MS  # history younger than this is kept whole; older, one report per node and hour
-FORGET_AFTER_S = 7 * 86400.0  # --forget-after's default
 KEPT_REASONS = ("oom-kill", "pressure-stop")  # events of these reasons are never expired
 LOCK_KEY = 7220452  # PostgreSQL advisory lock of the pass (the migrations' is 7220451)
 KINDS = ("expired_reports", "thinned_reports", "expired_events")
 
 log = logging.getLogger(__name__)
-
-# Revision 0004: ``thinned_below``, the one-hour line of the last pass that completed.
-state = Table(
-    "retention_state",
-    metadata,
-    Column("name", String(32), primary_key=True),
-    Column("value_ms", BigInteger, nullable=False),
-)
 
 
 class _Cuts(NamedTuple):
@@ -138,7 +125,9 @@ class Retention:
                 log.info("retention pass skipped: another replica holds the lock")
                 return {**dict.fromkeys(KINDS, 0), "archived_nodes": 0, "batches": 0, "skipped": 1}
             try:
-                below = conn.execute(select(state.c.value_ms).where(state.c.name == "thinned_below")).scalar()
+                below = conn.execute(
+                    select(retention_state.c.value_ms).where(retention_state.c.name == "thinned_below")
+                ).scalar()
                 conn.rollback()
                 lo = 0 if below is None else min(int(below), cut_full) // HOUR_MS * HOUR_MS
                 totals = self._batches(conn, _Cuts(cut_old, cut_full, lo))
@@ -171,7 +160,7 @@ class Retention:
 
     def _mark(self, conn: Connection, thinned_below: int) -> None:
         """Remember where this pass's thinning ended, for the next pass (of any replica)."""
-        upsert = self._insert(state).values(name="thinned_below", value_ms=thinned_below)
+        upsert = self._insert(retention_state).values(name="thinned_below", value_ms=thinned_below)
         with conn.begin():
             conn.execute(upsert.on_conflict_do_update(index_elements=["name"], set_={"value_ms": thinned_below}))
 
@@ -237,4 +226,4 @@ class RetentionThread:
             self.run_once()
 
 
-__all__ = ["FORGET_AFTER_S", "FULL_RESOLUTION_MS", "KEPT_REASONS", "LOCK_KEY", "Retention", "RetentionThread"]
+__all__ = ["FULL_RESOLUTION_MS", "KEPT_REASONS", "LOCK_KEY", "Retention", "RetentionThread"]

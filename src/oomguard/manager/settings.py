@@ -1,16 +1,23 @@
-"""Manager settings: one object, built from flags and environment, validated before anything starts."""
+"""The manager's configuration, in one place: ``Settings`` (every knob and its default), built from
+the command's flags and the token variables (``settings_from``) and checked (``Settings.check``)
+before anything starts. The flags themselves are declared with the other commands' options
+(``oomguard.commands.manager``, the one lazy bridge); a flag not given keeps its field's default."""
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
+import os
 import re
 import socket
 import sqlite3
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from oomguard.errors import UsageError
-from oomguard.manager.redact import mask_url
-from oomguard.units import MiB
+from oomguard.manager.redact import mask_url, url_secrets
+from oomguard.units import MiB, parse_duration, parse_size
 
 DEFAULT_DB = "sqlite:///oomguard.db"
 SQLITE_MIN = (3, 35, 0)
@@ -78,6 +85,10 @@ class Settings:
     def masked_db(self) -> str:
         return mask_url(self.db_url)
 
+    def secrets(self) -> list[str | None]:
+        """What no message may show: the tokens and the database URL's passwords."""
+        return [self.agent_token, self.viewer_token, self.admin_token, *url_secrets(self.db_url)]
+
     def check(self) -> None:
         self._check_db()
         loopback = is_loopback(self.host)
@@ -140,3 +151,80 @@ class Settings:
                 f"{flag}: at least {MIN_TOKEN} characters off loopback (got {len(token)}); "
                 "make one with: openssl rand -hex 32"
             )
+
+
+# -- from the command line ---------------------------------------------------------------------------
+
+DURATION_FLAGS = {"retention": "retention_s", "interval": "interval_s", "session_ttl": "session_ttl_s"}  # flag: field
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _text(args: argparse.Namespace, name: str) -> str | None:
+    given = getattr(args, name, None)
+    return given if isinstance(given, str) and given else None
+
+
+def _token(args: argparse.Namespace, name: str, variable: str) -> str | None:
+    """A token from its flag, else its variable; surrounding whitespace (a file's trailing newline)
+    is stripped with a warning, as no agent could ever send it."""
+    given, source = _text(args, name), _flag(name)
+    if given is None:
+        given, source = os.environ.get(variable) or None, variable
+    if given is None:
+        return None
+    stripped = given.strip()
+    if stripped != given:
+        print(f"oomguard: warning: {source}: whitespace around the token stripped", file=sys.stderr)
+    return stripped or None
+
+
+def _number(name: str, text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 7):
+        raise UsageError(f"{_flag(name)}: expected a whole number, got {text!r}")
+    return int(text)
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    if not hosts:
+        raise UsageError("--allowed-hosts: expected host names separated by commas, or *")
+    return hosts
+
+
+def _forget_after(text: str) -> float | None:
+    """``--forget-after``: a duration; ``0``, ``off`` or ``never``: never archive (None)."""
+    if text.strip().lower() in ("off", "never"):
+        return None
+    return parse_duration(text, "--forget-after") or None
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings from the parsed flags and the token variables, checked (UsageError naming the flag)."""
+    given: dict[str, Any] = {
+        "agent_token": _token(args, "agent_token", "OOMGUARD_AGENT_TOKEN"),
+        "viewer_token": _token(args, "viewer_token", "OOMGUARD_VIEWER_TOKEN"),
+        "admin_token": _token(args, "admin_token", "OOMGUARD_ADMIN_TOKEN"),
+    }
+    text = {name: t for name in vars(args) if (t := _text(args, name)) is not None}
+    if "db" in text:
+        given["db_url"] = text["db"]
+    if "host" in text:
+        given["host"] = text["host"]
+    for name in ("port", "max_connections"):
+        if name in text:
+            given[name] = _number(name, text[name])
+    for name, field in DURATION_FLAGS.items():
+        if name in text:
+            given[field] = parse_duration(text[name], _flag(name))
+    if "max_body" in text:
+        given["max_body"] = parse_size(text["max_body"], "--max-body")
+    if "forget_after" in text:
+        given["forget_after_s"] = _forget_after(text["forget_after"])
+    if "allowed_hosts" in text:
+        given["allowed_hosts"] = _hosts(text["allowed_hosts"])
+    settings = Settings(**given)
+    settings.check()
+    return settings

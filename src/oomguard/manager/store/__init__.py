@@ -1,5 +1,5 @@
-"""The manager's database, as the routes use it: ``Store`` reads and writes; SQLAlchemy Core,
-bound parameters only.
+"""The manager's database, as the routes use it: ``Store`` reads and writes (on the tables of
+``oomguard.manager.db``); SQLAlchemy Core, bound parameters only.
 
 - ``writer``: reports and events in, on one writer thread with group commit (``commit``): each
   write returns only after the commit that holds it, and writes that arrive together share one;
@@ -10,7 +10,8 @@ bound parameters only.
   ``oomguard.manager.retention`` (what history is kept, which silent nodes are archived: its own
   connection, small batches, one replica at a time on PostgreSQL);
 - ``forget_node``: a node and all its rows deleted, on the writer thread (the admin token is the
-  caller's to check).
+  caller's to check);
+- ``health``: database failures seen by the routes: their kinds, each outage episode logged once.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from oomguard.manager.models import EventEnvelope, ReportEnvelope
-from oomguard.manager.retention import FORGET_AFTER_S, Retention
+from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
+from oomguard.manager.retention import Retention
+from oomguard.manager.settings import Settings
 from oomguard.manager.store import alerting, queries
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
@@ -39,9 +41,9 @@ class Store:
         self,
         engine: Engine,
         *,
-        default_interval_s: float = 30.0,
-        retention_s: float = 30 * 86400,
-        forget_after_s: float | None = FORGET_AFTER_S,
+        default_interval_s: float = Settings.interval_s,
+        retention_s: float = Settings.retention_s,
+        forget_after_s: float | None = Settings.forget_after_s,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.engine = engine

@@ -1,16 +1,24 @@
 """The alerts read from the database: every open alert (``fleet_alerts``, for the API) and the
 overview's groups (``alert_groups``): each kind's count in SQL (``alerts.kind_conditions``) and
 only the first few alerts of each worded by ``alerts.node_alerts``, so an outage (10,000 offline
-nodes) costs one pass over the nodes, not 10,000 alerts built in Python. The policy itself is
-``oomguard.manager.alerts``."""
+nodes) costs one pass over the nodes, not 10,000 alerts built in Python. The policy itself, each
+kind's SQL beside its Python, is ``oomguard.manager.alerts.ALERTS``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, case, func, or_, select
+from sqlalchemy import Connection, case, func, select
 
-from oomguard.manager.alerts import KINDS, kind_conditions, memlock_sql, node_alerts, node_status, recent_exits
+from oomguard.manager.alerts import (
+    any_alert,
+    kind_conditions,
+    node_alerts,
+    node_status,
+    recent_exits,
+    seen_joined,
+    severity,
+)
 from oomguard.manager.db import nodes
 
 
@@ -33,19 +41,10 @@ def _alert_rows(now: int, default_interval_ms: int, recent: Any) -> Any:
 
 def _candidates(now: int, default_interval_ms: int, recent: Any) -> Any:
     """SQL: the nodes with at least one alert, the columns ``node_alerts`` reads, by name."""
-    status = node_status(now, default_interval_ms)
+    seen = seen_joined(node_status(now, default_interval_ms), recent)
     return (
         _alert_rows(now, default_interval_ms, recent)
-        .where(
-            nodes.c.archived_ms.is_(None),
-            or_(
-                status == "offline",
-                nodes.c.budget_bytes > nodes.c.effective_bytes,
-                memlock_sql(),
-                recent.c.oom_1h > 0,
-                recent.c.stops_1h > 0,
-            ),
-        )
+        .where(nodes.c.archived_ms.is_(None), any_alert(seen))
         .order_by(nodes.c.name)
     )
 
@@ -99,7 +98,7 @@ def alert_groups(
     groups = [
         {
             "kind": kind,
-            "severity": KINDS[kind],
+            "severity": severity(kind),
             "count": counts[kind],
             "start": start if kind == show_all else 0,
             "alerts": [worded[(i, kind)] for i in ids if (i, kind) in worded],  # changed in between: left out

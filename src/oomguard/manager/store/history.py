@@ -21,7 +21,6 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, or_, select
 
 from oomguard.manager.db import reports
-from oomguard.manager.store import columns as _columns  # noqa: F401  (reports.agent_ms)
 from oomguard.manager.times import iso_ms
 
 COLUMNS = ("effective_bytes", "budget_bytes", "usage_bytes", "working_set_bytes")

@@ -18,9 +18,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Float, and_, case, cast, func, select
 
-from oomguard.manager.alerts import alert_count, node_status, recent_exits
+from oomguard.manager.alerts import alert_count, node_status, recent_exits, seen_joined
 from oomguard.manager.db import events, latest_reports, nodes
-from oomguard.manager.store import columns as _columns  # noqa: F401  (nodes.clock_skew_ms)
 from oomguard.manager.store import history
 from oomguard.manager.times import iso_ms
 
@@ -62,7 +61,7 @@ def _counted(now: int, interval_ms: int, node_ids: list[int] | None = None) -> t
         status.label("status"),
         func.coalesce(recent.c.oom_24h, 0).label("oom_kills_24h"),
         func.coalesce(recent.c.stops_24h, 0).label("pressure_stops_24h"),
-        alert_count(status, func.coalesce(recent.c.oom_1h, 0), func.coalesce(recent.c.stops_1h, 0)).label("alerts"),
+        alert_count(seen_joined(status, recent)).label("alerts"),
     ]
     return nodes.outerjoin(recent, recent.c.node_id == nodes.c.id), computed
 

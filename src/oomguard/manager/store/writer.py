@@ -28,9 +28,10 @@ from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, 
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from oomguard.manager import contract
+from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
 from oomguard.manager.db import events, latest_reports, nodes, reports
-from oomguard.manager.models import EventEnvelope, ReportEnvelope
-from oomguard.manager.store import columns as _columns  # noqa: F401  (reports.agent_ms, nodes.clock_skew_ms)
+from oomguard.manager.store import history
 from oomguard.manager.store.commit import GroupCommitter
 from oomguard.manager.times import now_ms
 
@@ -50,19 +51,13 @@ _LATEST = (  # the node's latest values, unless a report received later got ther
         last_seen_ms=bindparam("b_t"),
         archived_ms=None,  # a node that reports again is back
         clock_skew_ms=bindparam("b_skew"),
-        effective_bytes=bindparam("b_effective"),
-        host_total_bytes=bindparam("b_host"),
-        budget_bytes=bindparam("b_budget"),
-        usage_bytes=bindparam("b_usage"),
-        working_set_bytes=bindparam("b_working_set"),
-        limited_by=bindparam("b_limited_by"),
-        runtime=bindparam("b_runtime"),
-        memlock_soft_bytes=bindparam("b_memlock"),
         interval_ms=bindparam("b_interval"),
         warnings=bindparam("b_warnings"),
         gpus=bindparam("b_gpus"),
         # A report without a plan leaves the jobs column to the supervisor's start events.
         concurrency=func.coalesce(bindparam("b_concurrency"), nodes.c.concurrency),
+        # The report's other columns as it says them (None stays NULL: unknown, never 0).
+        **{name: bindparam(f"b_{name}") for name in contract.COLUMNS if name != "concurrency"},
     )
 )
 
@@ -86,46 +81,21 @@ class _ReportItem:
         return self.t, -(2**63) if agent is None else agent
 
 
-def _gpus(env: ReportEnvelope) -> str:
-    return json.dumps(
-        [
-            {
-                "index": g.index,
-                "name": g.name,
-                "memory_total_bytes": g.memory_total_bytes,
-                "memory_free_bytes": g.memory_free_bytes,
-            }
-            for g in env.report.gpus
-        ]
-    )
-
-
 def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | None) -> _ReportItem:
-    r = env.report
+    columns = contract.columns(env.report)
     row = {
         "ingest_id": env.id,
         "received_ms": t,
         "agent_ms": agent_ms,
-        "effective_bytes": r.memory.effective_bytes,
-        "budget_bytes": r.budget.bytes,
-        "usage_bytes": r.memory.usage_bytes,
-        "working_set_bytes": r.memory.working_set_bytes,
+        **{name: columns[name] for name in history.COLUMNS},
     }
     latest = {
         "b_t": t,
         "b_skew": None if agent_ms is None else agent_ms - t,
-        "b_effective": r.memory.effective_bytes,
-        "b_host": r.memory.host_total_bytes,
-        "b_budget": r.budget.bytes,
-        "b_usage": r.memory.usage_bytes,  # None stays NULL: unknown, never 0
-        "b_working_set": r.memory.working_set_bytes,
-        "b_limited_by": r.memory.limited_by,
-        "b_runtime": r.container.runtime,
-        "b_memlock": r.memlock.soft_bytes,
         "b_interval": int(env.interval_s * 1000) if env.interval_s else None,
-        "b_warnings": json.dumps([w.code for w in r.warnings]),
-        "b_gpus": _gpus(env),
-        "b_concurrency": r.plan.concurrency if r.plan is not None else None,
+        "b_warnings": json.dumps(columns["warnings"]),
+        "b_gpus": json.dumps(columns["gpus"]),
+        **{f"b_{name}": columns[name] for name in contract.COLUMNS},
     }
     return _ReportItem(env.node, t, row, latest, report_json)
 

@@ -25,9 +25,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from oomguard.manager.deps import SettingsDep, StoreDep, admin_ok, db_read, db_write
-from oomguard.manager.pages import SessionCookie, form_fields, missing_node, page, viewer_pages
 from oomguard.manager.store import Store
+from oomguard.manager.web.deps import SettingsDep, StoreDep, admin_ok, db_read, db_write
+from oomguard.manager.web.pages import SessionCookie, form_fields, missing_node, page, viewer_pages
 from oomguard.nodes import is_valid_node_name
 
 NOTICE = "oomguard_notice"  # a one-shot cookie: the node just forgotten, shown once on the overview

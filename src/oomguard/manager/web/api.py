@@ -3,8 +3,9 @@ Prometheus metrics (viewer token); the operator DELETEs a node (admin token); ``
 open and checks the database.
 
 No client input gets a 5xx: a body that is not strict JSON is refused by the middleware
-(``oomguard.manager.bodies``), one that does not fit the models or the report's JSON Schema
-(``oomguard.manager.reportschema``) gets 422, and so does a query parameter out of its bounds.
+(``oomguard.manager.bodies``), one that does not fit its envelope (``bodies``) or a report that
+does not fit its contract (``oomguard.manager.contract``: schema.json and what the manager needs)
+gets 422, and so does a query parameter out of its bounds.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine, text
 
-from oomguard.manager import reportschema
+from oomguard.manager import contract
 from oomguard.manager.alerts import STATUSES
-from oomguard.manager.deps import (
+from oomguard.manager.bodies import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
+from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS
+from oomguard.manager.store.health import DatabaseUnavailable, DbHealth, classify
+from oomguard.manager.times import parse_iso_ms
+from oomguard.manager.web.deps import (
     DB_FAILURES,
     StoreDep,
     db_read,
@@ -28,11 +33,7 @@ from oomguard.manager.deps import (
     require_agent,
     require_viewer,
 )
-from oomguard.manager.health import DatabaseUnavailable, DbHealth, classify
-from oomguard.manager.metrics import render_metrics
-from oomguard.manager.models import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
-from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS
-from oomguard.manager.times import parse_iso_ms
+from oomguard.manager.web.metrics import render_metrics
 
 HEALTH_TIMEOUT_S = 2.0
 NO_NUL = r"^[^\x00]*$"
@@ -42,7 +43,6 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
     429: {"description": "too many failed tokens from this client"},
     503: {"description": "the database is unavailable; retry later (Retry-After)"},
 }
-SCHEMA_VERSION = reportschema.schema().get("properties", {}).get("schema_version", {}).get("const")
 
 ingest = APIRouter(prefix="/api/v1", dependencies=[Depends(require_agent)], responses=REFUSALS)
 reads = APIRouter(dependencies=[Depends(require_viewer)], responses=REFUSALS)
@@ -64,12 +64,10 @@ def _json(value: Any, what: str) -> str:
 
 @ingest.post("/reports", response_model=Stored)
 async def post_report(request: Request, body: ReportEnvelope, store: StoreDep) -> Stored:
-    report = body.report.model_dump(exclude_unset=True)  # what the agent sent, no defaults added
-    if report.get("schema_version") == SCHEMA_VERSION:  # another version: a newer agent, kept as sent
-        problem = reportschema.problem(report)
-        if problem is not None:
-            raise HTTPException(422, f"the report does not fit its JSON Schema: {problem}")
-    report_json = _json(report, "report")
+    problem = contract.problem(body.report)
+    if problem is not None:
+        raise HTTPException(422, problem)
+    report_json = _json(body.report, "report")  # as the agent sent it
     stored = await db_write(request, store.ingest_report_async(body, report_json, parse_iso_ms(body.time)))
     return Stored(stored=stored, id=body.id)
 

@@ -21,14 +21,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from markupsafe import Markup
 
 from oomguard.manager.alerts import STATUSES
-from oomguard.manager.chart import RANGES, memory_chart
-from oomguard.manager.deps import SettingsDep, StoreDep, checked, client_of, db_read, token_ok
-from oomguard.manager.forget import NOTICE
-from oomguard.manager.formatting import ALERTS_PAGE, ALERTS_SHOWN
-from oomguard.manager.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
 from oomguard.manager.reportschema import conform_report
-from oomguard.manager.sessions import COOKIE, FailureLimiter, Sessions
 from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS
+from oomguard.manager.web.chart import RANGES, memory_chart
+from oomguard.manager.web.deps import SettingsDep, StoreDep, checked, client_of, db_read, token_ok
+from oomguard.manager.web.forget import NOTICE
+from oomguard.manager.web.formatting import ALERTS_PAGE, ALERTS_SHOWN
+from oomguard.manager.web.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
+from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
 from oomguard.nodes import is_valid_node_name
 
 PAGE_SIZE = 50

@@ -2,7 +2,7 @@
 ``db_read``/``db_write``, the one way a route waits on the database.
 
 Agents write with ``Authorization: Bearer <agent token>``, readers with the viewer token in the
-header, or with the session cookie that ``/login`` sets (``oomguard.manager.sessions``). A role
+header, or with the session cookie that ``/login`` sets (``oomguard.manager.web.sessions``). A role
 without a token is open (allowed only on loopback, see Settings.check). The operator's admin
 token (forgetting a node) is the exception: without one configured, nothing may do it (403).
 Tokens are compared in constant time; a client's failed tokens are limited (429 once its bucket
@@ -25,10 +25,10 @@ from fastapi import Cookie, Depends, Header, HTTPException, Request
 from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from oomguard.manager.health import DbHealth
-from oomguard.manager.sessions import COOKIE, FailureLimiter, Sessions
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
+from oomguard.manager.store.health import DbHealth
+from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
 
 T = TypeVar("T")
 DB_FAILURES = (DBAPIError, PoolTimeout, TimeoutError, asyncio.TimeoutError)

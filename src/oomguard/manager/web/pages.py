@@ -20,9 +20,9 @@ from fastapi import APIRouter, Cookie, Depends, Header, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from oomguard.manager.deps import viewer_ok
-from oomguard.manager.formatting import FILTERS
-from oomguard.manager.sessions import COOKIE
+from oomguard.manager.web.deps import viewer_ok
+from oomguard.manager.web.formatting import FILTERS
+from oomguard.manager.web.sessions import COOKIE
 
 HERE = os.path.dirname(__file__)
 SessionCookie = Annotated[str | None, Cookie(alias=COOKIE)]

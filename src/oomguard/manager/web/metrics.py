@@ -2,7 +2,7 @@
 (prometheus_client does the format).
 
 ``oomguard_manager_db_errors_total{kind}`` counts the requests answered 503 because of the
-database, by kind (``oomguard.manager.health.KINDS``; every kind is present from the start, at 0,
+database, by kind (``oomguard.manager.store.health.KINDS``; every kind is present from the start, at 0,
 so a rate() over it works before the first failure). When the database cannot be read, /metrics
 still answers with these (and ``oomguard_manager_database_up 0``), without the node series.
 

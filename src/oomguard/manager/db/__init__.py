@@ -1,0 +1,21 @@
+"""The database: its tables (``tables``), engines and migrations (``engine``; the Alembic revisions
+are in ``migrations/``). Reads and writes on it are the store's (``oomguard.manager.store``)."""
+
+from __future__ import annotations
+
+from oomguard.manager.db.engine import alembic_config, current_revision, make_engine, migrate, normalize_url
+from oomguard.manager.db.tables import events, latest_reports, metadata, nodes, reports, retention_state
+
+__all__ = [
+    "alembic_config",
+    "current_revision",
+    "events",
+    "latest_reports",
+    "make_engine",
+    "metadata",
+    "migrate",
+    "nodes",
+    "normalize_url",
+    "reports",
+    "retention_state",
+]

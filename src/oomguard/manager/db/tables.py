@@ -1,0 +1,101 @@
+"""The database's tables (SQLAlchemy Core), as the head Alembic revision leaves them.
+
+Times are integer epoch milliseconds (``*_ms``), so hour buckets are integer division on both
+databases. The tables are created and upgraded only by the revisions in ``migrations/``; these
+declarations mirror the head revision for queries, every column in its table's one declaration
+(the revision that added it noted beside it).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(128), nullable=False, unique=True),
+    Column("first_seen_ms", BigInteger, nullable=False),
+    Column("last_seen_ms", BigInteger, nullable=False),
+    Column("interval_ms", BigInteger),
+    # Unused since revision 0005, always NULL: the latest report lives in ``latest_reports``, so a
+    # node row stays small and a scan of 10,000 of them stays fast (kept for the older revisions).
+    Column("latest_report", Text),
+    Column("effective_bytes", BigInteger),
+    Column("host_total_bytes", BigInteger),
+    Column("budget_bytes", BigInteger),
+    Column("limited_by", String(16)),
+    Column("runtime", String(32)),
+    Column("memlock_soft_bytes", BigInteger),
+    Column("warnings", Text),  # JSON list of warning codes of the latest report; NULL: no report ever
+    Column("gpus", Text),  # JSON list of {index, name, memory_total_bytes, memory_free_bytes}
+    Column("concurrency", Integer),  # the plan's concurrency, when the agent plans
+    # Revision 0004: the agent's time minus the receive time, of the node's latest report.
+    Column("clock_skew_ms", BigInteger),
+    # Revision 0005: the latest report's usage and working set (NULL: unknown, never 0) ...
+    Column("usage_bytes", BigInteger),
+    Column("working_set_bytes", BigInteger),
+    # ... when the retention pass archived the node (NULL: not archived; --forget-after) ...
+    Column("archived_ms", BigInteger),
+    # ... and its supervisor's last sign of life: the receive time of its latest event or
+    # heartbeat, and the heartbeat interval the supervisor announced (NULL: the default, 60 s).
+    Column("last_event_ms", BigInteger),
+    Column("heartbeat_interval_ms", BigInteger),
+    Index("ix_nodes_archived", "archived_ms"),
+)
+
+latest_reports = Table(  # revision 0005: each node's latest report, whole (the node page's "latest")
+    "latest_reports",
+    metadata,
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    Column("received_ms", BigInteger, nullable=False),
+    Column("report", Text, nullable=False),
+)
+
+reports = Table(
+    "reports",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("received_ms", BigInteger, nullable=False),
+    # Revision 0004: the time the agent put on the report (its ``time``), as reported; ``received_ms``
+    # is the manager's own clock when the report arrived.
+    Column("agent_ms", BigInteger),
+    Column("effective_bytes", BigInteger),
+    Column("budget_bytes", BigInteger),
+    Column("usage_bytes", BigInteger),
+    Column("working_set_bytes", BigInteger),
+    Index("ix_reports_node_time", "node_id", "received_ms"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("received_ms", BigInteger, nullable=False),
+    Column("time", String(64)),
+    Column("kind", String(16), nullable=False),
+    Column("reason", String(16)),
+    Column("exit_code", Integer),
+    Column("signal", Integer),
+    Column("budget_bytes", BigInteger),
+    Column("concurrency", Integer),
+    Column("peak_bytes", BigInteger),
+    Column("duration_s", Float),
+    Column("body", Text, nullable=False),
+    Index("ix_events_node_time", "node_id", "received_ms"),
+    Index("ix_events_reason_time", "reason", "received_ms"),
+)
+
+# Revision 0004: ``thinned_below``, the one-hour line of the last retention pass that completed.
+retention_state = Table(
+    "retention_state",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("value_ms", BigInteger, nullable=False),
+)
