@@ -152,7 +152,7 @@ UNPLACED = (
 )
 GONE1 = "1 other process(es) of the group ended meanwhile"
 UNREAD = "the group's processes could not be read"
-DESC = "a descendant of the worker was OOM-killed (oom_kill +{k}); the worker then ended with {end}"
+DESC = "the worker then ended with {end}"  # the OOM killer at the limit is the exit event's (events.py)
 ZERO = "exited 0, but the group's oom_kill counter rose by {k} during the run"
 
 
@@ -336,11 +336,18 @@ def test_progress_on_a_terminal_is_a_line_per_child_redrawn() -> None:
 def test_progress_elsewhere_is_one_summary_line() -> None:
     log = io.StringIO()
     p = Progress(log, [4 * GiB, 2 * GiB], [11, 22])
-    p.update(0, 4 * GiB, 2.0)
-    p.update(1, 2 * GiB, 1.0)
+    p.touched(0, 4 * GiB, 2.0)
+    p.touched(1, 2 * GiB, 1.0)
     assert log.getvalue() == ""
     p.finish(2.34)
     assert log.getvalue() == "oomguard verify: 2 children touched 6 GiB of 6 GiB in 2.3s (3.22 GB/s)\n"
+    # A child killed half way: its progress is not "touched" (the result's touched_bytes says the same).
+    log = io.StringIO()
+    p = Progress(log, [4 * GiB, 2 * GiB], [11, 22])
+    p.touched(0, 4 * GiB, 2.0)
+    p.update(1, GiB, 1.0)
+    p.finish(2.34)
+    assert log.getvalue() == "oomguard verify: 1 of 2 children touched 4 GiB of 6 GiB in 2.3s (2.15 GB/s)\n"
     Progress(None, [1], [1]).finish(1.0)  # nowhere to say it: nothing, no error
 
 
@@ -395,7 +402,8 @@ def test_verify_reads_counter_and_usage_through_its_root(tmp_path: Path) -> None
     assert result["oom_counter"] == "/sys/fs/cgroup/memory.events"
     assert result["oom_kills"] == 2  # 0 before, 2 after: read from the tree, not from this machine
     assert result["cgroup_usage_bytes"] == 12345
-    assert result["peak_rss_bytes"] is None  # the tree has no /proc/PID/status of the children
+    assert result["children_vmhwm_sum_bytes"] is None  # the tree has no /proc/PID/status of the children
+    assert (result["group_peak_bytes"], result["group_peak_source"]) == (12345, "usage-sampled")  # no memory.peak
     assert result["target_bytes"] == 4 * MiB and result["delivered"] is True  # no child was SIGKILLed
 
 
@@ -452,7 +460,8 @@ def test_run_a_descendants_oom_kill_is_an_oom_kill(tmp_path: Path, version: int,
         1,
     )
     assert end["message"].endswith(
-        "a descendant of the worker was OOM-killed (oom_kill +1); the worker then ended with code 3"
+        f"; a descendant of the worker was killed by the kernel's OOM killer at the 2 GiB limit (cgroup-v{version}, "
+        "oom_kill +1); the worker then ended with code 3"
     )
     assert "oomguard run: exit, pid " in err and ", oom-kill of a descendant, after " in err
 

@@ -30,18 +30,9 @@ from oomguard.supervisor.adapt import Adaptation
 from oomguard.supervisor.alarm import Alarm
 from oomguard.supervisor.config import GuardSettings, parse_signal, settings_from
 from oomguard.supervisor.exits import Evidence, classify, pressure_stopped
-from oomguard.supervisor.guard import (
-    FAST_QUIET,
-    HIGH,
-    PRESSURE,
-    STOP,
-    Guard,
-    GuardState,
-    binding_group,
-    exit_waiter,
-    guard_margin,
-)
+from oomguard.supervisor.guard import HIGH, PRESSURE, STOP, Guard, GuardState, binding_group, guard_margin
 from oomguard.supervisor.isolate import Isolation
+from oomguard.supervisor.waiting import FAST_QUIET, exit_waiter
 from tests.conftest import REPO
 from tests.realcgroup import Group, limited_group, writable_parent
 from tests.test_exits import cgroup_tree
@@ -407,8 +398,8 @@ def test_isolated_on_v2_memory_high_then_a_stall_stop(tmp_path: Path) -> None:
 def test_the_manager_stores_a_pressure_stop_apart_from_oom_kills(tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
     from oomguard.manager.app import create_app
+    from oomguard.manager.bodies import EventEnvelope
     from oomguard.manager.db import migrate
-    from oomguard.manager.models import EventEnvelope
     from oomguard.manager.settings import Settings
     from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, local_client
 

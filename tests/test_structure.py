@@ -56,7 +56,7 @@ MANAGER = f"{PACKAGE}.manager"
 # (db/, store/, web/) takes its folder's room. ``""`` is the package itself (``manager/__init__``).
 MANAGER_ROOMS = (
     ("base", ("", "times", "redact", "settings")),
-    ("contract", ("reportschema", "contract", "bodies", "models")),
+    ("contract", ("reportschema", "contract", "bodies")),
     ("db", ("db",)),
     ("policy", ("alerts", "retention")),
     ("store", ("store",)),

@@ -49,3 +49,27 @@ PINNER = (
     "    time.sleep(0.05)\n"
     "while True: time.sleep(1)\n"
 )
+# A neighbour in the worker's group: it holds argv[1] MiB of touched private memory, writes its PID to
+# argv[2], then sleeps until killed.
+HOLDER = (
+    "import os, sys, time\n"
+    "b = bytearray(int(sys.argv[1]) << 20); b[::4096] = b'x' * (len(b) // 4096)\n"
+    "open(sys.argv[2], 'w').write(str(os.getpid()))\n"
+    "time.sleep(600)\n"
+)
+# A worker whose first start writes its PID to argv[1], waits until argv[2] exists, then does argv[3]:
+# "sleep" (until killed, e.g. kill -9 from outside), "grow" (8 MiB every 50 ms, until stopped) or "hog"
+# (16 MiB at a time until the OOM killer ends it, first in its line: oom_score_adj 1000). Every later
+# start (argv[1] exists) exits 0 at once.
+FIRST_RUN = (
+    "import os, sys, time\n"
+    "pidfile, go, then = sys.argv[1:4]\n"
+    "if os.path.exists(pidfile): sys.exit(0)\n"
+    "if then == 'hog': open('/proc/self/oom_score_adj', 'w').write('1000')\n"
+    "open(pidfile, 'w').write(str(os.getpid()))\n"
+    "while not os.path.exists(go): time.sleep(0.01)\n"
+    "chunks, step, pause = [], (16 if then == 'hog' else 8) << 20, 0.05 if then == 'grow' else 0\n"
+    "while then in ('grow', 'hog'):\n"
+    "    c = bytearray(step); c[::4096] = b'x' * (len(c) // 4096); chunks.append(c); time.sleep(pause)\n"
+    "time.sleep(600)\n"
+)

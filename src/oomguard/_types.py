@@ -41,6 +41,7 @@ class SwapSection(TypedDict):
 class ProtectionSection(TypedDict):
     low_bytes: int | None
     min_bytes: int | None
+    v1_soft_limit_bytes: int | None
 
 
 class OomSection(TypedDict):

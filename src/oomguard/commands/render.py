@@ -59,9 +59,7 @@ def format_human(report: Report) -> str:
             "MemTotal (lxcfs: the container's limit)" if mem["meminfo_virtualized"] else "MemTotal",
         )
     )
-    lines.append(
-        _row("soft limit", format_size(mem["soft_limit_bytes"]), "memory.high" if mem["soft_limit_bytes"] else "")
-    )
+    lines.extend(_soft_rows(report))
     lines.append(_row("swap limit", _swap(report)))
     ws = mem["working_set_bytes"]
     lines.append(
@@ -128,6 +126,28 @@ def format_human(report: Report) -> str:
     lines.append(f"Warnings ({len(report['warnings'])})")
     lines.extend(f"  {w['code']}: {w['message']}" for w in report["warnings"])
     return "\n".join(line for line in lines if line) + "\n"
+
+
+def _soft_rows(report: Report) -> list[str]:
+    """The soft limit and the protections, each as what it is.
+
+    v2 ``memory.high`` is a throttle line (the budget's basis when lower than the limit). v1's
+    ``memory.soft_limit_in_bytes`` is a reclaim target: "control groups are pushed back to their soft
+    limits" under contention, and may use more (cgroup-v1/memory.rst §7, "Soft limits"). v2's
+    ``memory.min`` and ``memory.low`` are protections: what reclaim leaves the group (cgroup-v2.rst
+    3-3, "Protections"). None of the last three is a cap.
+    """
+    mem = report["memory"]
+    soft, prot = mem["soft_limit_bytes"], mem["protection"]
+    if mem["cgroup"]["version"] == 1:
+        v1 = prot["v1_soft_limit_bytes"]
+        note = "memory.soft_limit_in_bytes: a reclaim target under contention, not a cap" if v1 is not None else ""
+        return [_row("soft limit", format_size(v1) if v1 is not None else "none", note)]
+    rows = [_row("soft limit", format_size(soft), "memory.high" if soft else "")]
+    for value, name, how in ((prot["min_bytes"], "memory.min", ""), (prot["low_bytes"], "memory.low", " where it can")):
+        if value:
+            rows.append(_row("protection", format_size(value), f"{name}: kept from reclaim{how}, not a cap"))
+    return rows
 
 
 def _pin_result(result: dict[str, object]) -> tuple[str, str]:

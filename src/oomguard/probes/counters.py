@@ -11,8 +11,20 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from oomguard.probes.parsers import parse_flat_keyed, parse_int_file, parse_pressure, parse_status, status_kb
+from oomguard.probes.parsers import (
+    VALUE,
+    parse_flat_keyed,
+    parse_int_file,
+    parse_limit,
+    parse_pid_list,
+    parse_pressure,
+    parse_status,
+    status_kb,
+)
 from oomguard.sources.root import Failure, Root
+
+SIGKILL_MASK = 1 << (9 - 1)  # signal 9 in a SigPnd/ShdPnd mask: bit N-1 for signal N (signal(7), proc(5))
+PF_EXITING = 0x4  # /proc/PID/stat flags: "getting shut down" (include/linux/sched.h)
 
 
 def _text(root: Root, path: str) -> str | None:
@@ -50,10 +62,84 @@ def read_peak(root: Root, cgroup_dir: str, version: int) -> int | None:
     return None if text is None else parse_int_file(text)
 
 
+def read_limit(root: Root, cgroup_dir: str, version: int) -> int | None:
+    """The hard limit the kernel holds for a group: v2 ``memory.max``, v1 ``memory.limit_in_bytes``.
+
+    What is read back, not what was written: the kernel keeps whole pages. cgroup-v1/memory.rst
+    §3 ("User Interface"): "A successful write to this file does not guarantee a successful
+    setting of this limit to the value written into the file ... The user is required to re-read
+    this file after a write to guarantee the value committed by the kernel"; cgroup-v2.rst 5-2-1
+    ("Memory Interface Files"): "If a value which is not aligned to PAGE_SIZE is written, the value
+    may be rounded ... when read back" (measured on Linux 6.18 v1: rounded down). None when
+    unlimited or unreadable.
+    """
+    text = _text(root, cgroup_dir + ("/memory.max" if version == 2 else "/memory.limit_in_bytes"))
+    if text is None:
+        return None
+    status, n = parse_limit(text)
+    return n if status == VALUE else None
+
+
 def read_peak_rss(root: Root, pid: int) -> int | None:
     """``VmHWM`` ("peak resident set size", proc(5)) of ``/proc/PID/status``, in bytes."""
     text = _text(root, f"/proc/{pid}/status")
     return None if text is None else status_kb(parse_status(text), "VmHWM")
+
+
+def read_rss_anon(root: Root, pid: int) -> int | None:
+    """``RssAnon`` ("size of resident anonymous memory", proc(5)) of ``/proc/PID/status``, in bytes.
+
+    Anonymous memory is never inactive file cache, so a process's ``RssAnon`` is part of its
+    group's working set (usage - inactive_file) however the kernel counts the rest.
+    """
+    text = _text(root, f"/proc/{pid}/status")
+    return None if text is None else status_kb(parse_status(text), "RssAnon")
+
+
+def read_children(root: Root, pid: int) -> list[int]:
+    """The children of *pid*: ``/proc/PID/task/TID/children`` of each thread (proc(5), Linux >= 3.5,
+    "a space-separated list of child tasks"); [] where the file is missing."""
+    tasks = root.listdir(f"/proc/{pid}/task")
+    if isinstance(tasks, Failure):
+        return []
+    children: list[int] = []
+    for tid in tasks:
+        text = _text(root, f"/proc/{pid}/task/{tid}/children")
+        children += sorted(parse_pid_list(text.replace(" ", "\n"))) if text is not None else []
+    return children
+
+
+def parse_dying(stat: str, status: str | None) -> bool | None:
+    """Whether a process is on its way out: a zombie (``Z``, ``X``), exiting (``PF_EXITING`` in the
+    flags), or with SIGKILL pending; None when *stat* does not fit.
+
+    proc(5): ``/proc/PID/stat`` field 3 is the state, field 9 the kernel flags (counted from the last
+    ")", as *comm* may hold one); ``/proc/PID/status`` ``SigPnd``/``ShdPnd``: "mask (expressed in
+    hexadecimal) of signals pending for thread and for process as a whole". The OOM killer sends
+    SIGKILL before it counts the kill (mm/oom_kill.c, ``__oom_kill_process``: ``do_send_sig_info``,
+    then ``memcg_memory_event_mm(mm, MEMCG_OOM_KILL)``), so once the counter shows a kill, its
+    victim is one of the processes this says True of, or one already gone.
+    """
+    _, sep, rest = stat.rpartition(")")
+    fields = rest.split()
+    if not sep or len(fields) < 7 or not fields[6].isdigit():
+        return None
+    if fields[0] in ("Z", "X", "x") or int(fields[6]) & PF_EXITING:
+        return True
+    keyed = parse_status(status) if status is not None else {}
+    for key in ("SigPnd", "ShdPnd"):
+        mask = keyed.get(key, "")
+        if mask and all(c in "0123456789abcdefABCDEF" for c in mask) and int(mask, 16) & SIGKILL_MASK:
+            return True
+    return False
+
+
+def read_dying(root: Root, pid: int) -> bool | None:
+    """``parse_dying`` of ``/proc/PID``: True also when the process is gone; None when unreadable."""
+    stat = root.read(f"/proc/{pid}/stat")
+    if isinstance(stat, Failure):
+        return True if stat.kind == "missing" else None
+    return parse_dying(stat, _text(root, f"/proc/{pid}/status"))
 
 
 def parse_ppid(stat: str) -> int | None:

@@ -143,9 +143,13 @@ def _v2_usage(r: Reader, leaf: str, mem: MemorySection) -> None:
     stat = parse_flat_keyed(r.text(leaf + "/memory.stat") or "")
     mem["inactive_file_bytes"] = stat.get("inactive_file")
     mem["shmem_bytes"] = stat.get("shmem")
+    # Protections, never caps (cgroup-v2.rst 3-3 "Protections": "A cgroup is protected up to the
+    # configured amount of the resource"; 5-2-1 "memory.low": "Best-effort memory protection"): what
+    # reclaim leaves the group, not what it may use. v1's soft limit is not on this hierarchy.
     mem["protection"] = {
         "low_bytes": r.limit(leaf + "/memory.low")[1],
         "min_bytes": r.limit(leaf + "/memory.min")[1],
+        "v1_soft_limit_bytes": None,
     }
     events = r.text(leaf + "/memory.events")
     if events is not None:
@@ -177,7 +181,12 @@ def read_v1(r: Reader, h: Hierarchy, mem: MemorySection) -> list[Charge]:
     mem["cgroup"]["limit_bytes"] = limit
     mem["cgroup"]["limit_file"] = where
     mem["cgroup"]["ancestors_visible"] = hier is not None or h.mount.root == "/"
-    mem["soft_limit_bytes"] = None
+    mem["soft_limit_bytes"] = None  # v2 memory.high, a throttle line: v1 has none
+    # v1 memory.soft_limit_in_bytes is a reclaim target, not a cap (cgroup-v1/memory.rst §7 "Soft
+    # limits": "When the system detects memory contention or low memory, control groups are pushed
+    # back to their soft limits"; "A soft limit ... can be exceeded"), like v2's memory.low: reported
+    # with the protections, never a basis of the budget. LONG_MAX (page-rounded) is unlimited: null.
+    mem["protection"]["v1_soft_limit_bytes"] = r.limit(leaf + "/memory.soft_limit_in_bytes")[1]
     memsw, _, memsw_seen = r.min_limit([d + "/memory.memsw.limit_in_bytes" for d in h.dirs])
     hier_sw = stat.get("hierarchical_memsw_limit")
     if hier_sw is not None:

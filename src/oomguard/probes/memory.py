@@ -69,7 +69,7 @@ def empty_memory_section() -> MemorySection:
             "usage_bytes": None,
             "host_total_bytes": None,
         },
-        "protection": {"low_bytes": None, "min_bytes": None},
+        "protection": {"low_bytes": None, "min_bytes": None, "v1_soft_limit_bytes": None},
         "pressure": None,
         "oom": None,
         "cgroup": {

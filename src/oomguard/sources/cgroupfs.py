@@ -15,9 +15,10 @@ writing a number to ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1); v2 co
 enabled for the children by writing "+memory" to ``cgroup.subtree_control``; writing "1" to a
 v2 group's ``cgroup.kill`` (Linux >= 5.14) SIGKILLs every process in it and below it.
 
-Two file descriptors the guard polls are opened here too (``run --guard``, supervisor/alarm.py):
-a v1 usage threshold and a v1 memory pressure level (each registered by a write to
-``cgroup.event_control``), and a v2 group's ``memory.events``.
+The file descriptors ``run`` polls are opened here too: for ``--guard`` (supervisor/alarm.py) a
+v1 usage threshold and a v1 memory pressure level, for every run a v1 OOM notification
+(supervisor/oomwatch.py), each registered by a write to ``cgroup.event_control``; and a v2
+group's ``memory.events``.
 """
 
 from __future__ import annotations
@@ -72,13 +73,27 @@ class CgroupFS:
         """
         return self._event_control(group, "memory.pressure_level", level)
 
-    def _event_control(self, group: str, name: str, argument: str) -> int:
+    def oom_notification(self, group: str) -> int:
+        """An eventfd the kernel signals when *group* runs out of memory (an OOM of the group or of an
+        ancestor whose limit it shares).
+
+        cgroup-v1/memory.rst §10 "OOM Control": "write string like "<event_fd> <fd of
+        memory.oom_control>" to cgroup.event_control. The application will be notified through
+        eventfd when OOM happens. OOM notification doesn't work for the root cgroup." The kernel
+        signals the group that ran out and every group below it (mm/memcontrol-v1.c,
+        ``mem_cgroup_oom_notify``), before the OOM killer picks its victim. Non-blocking,
+        close-on-exec; ``OSError`` if refused.
+        """
+        return self._event_control(group, "memory.oom_control", None)
+
+    def _event_control(self, group: str, name: str, argument: str | None) -> int:
         """A v1 notification: an eventfd registered for *group*'s file *name* with *argument*."""
         efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         try:
             ufd = os.open(self._path(group + "/" + name), os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self.write_text(group + "/cgroup.event_control", f"{efd} {ufd} {argument}")
+                line = f"{efd} {ufd}" + ("" if argument is None else f" {argument}")
+                self.write_text(group + "/cgroup.event_control", line)
             finally:
                 os.close(ufd)  # the kernel holds its own reference for the registration
         except BaseException:
@@ -114,6 +129,21 @@ class CgroupFS:
 
 
 # -- clean-up: kill what is in a group, then remove it --------------------------------------------
+
+
+def consume_notification(fd: int, version: int) -> bool:
+    """After *fd* woke a poll: reset the v1 eventfd (an 8-byte counter, eventfd(2)) or re-read the v2
+    file from its start (kernfs notifies a poller again only after a read: cgroup-v2.rst, "a value
+    change in this file generates a file modified event"). False when nothing was pending (EAGAIN)."""
+    try:
+        if version == 1:
+            os.read(fd, 8)
+        else:
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.read(fd, 4096)
+    except OSError:
+        return False
+    return True
 
 
 def group_pids(root: Root, path: str) -> list[int]:

@@ -43,7 +43,7 @@ import os
 import select
 import time
 
-from oomguard.sources.cgroupfs import CgroupFS
+from oomguard.sources.cgroupfs import CgroupFS, consume_notification
 from oomguard.sources.root import Root
 
 REARM_AFTER = 1.0  # seconds: a threshold is moved at most this often
@@ -139,14 +139,8 @@ class Alarm:
     def drain(self, fd: int) -> None:
         """After *fd* woke the guard: reset the eventfd, or re-read memory.events so kernfs
         notifies again. A wake-up that reads an event counts."""
-        try:
-            if self.version == 1:
-                os.read(fd, 8)
-            else:
-                os.lseek(fd, 0, os.SEEK_SET)
-                os.read(fd, 4096)
-        except OSError:  # EAGAIN: nothing pending (a spurious wake-up)
-            return
+        if not consume_notification(fd, self.version):
+            return  # nothing pending: a spurious wake-up
         self.wakeups += 1
 
     def close(self) -> None:

@@ -5,23 +5,32 @@ so does an operator's ``kill -9``. What tells them apart is the memory cgroup's 
 counter, read before the child started and after it was reaped (``probes/counters.py``):
 
 - v2 ``memory.events``: "oom_kill: The number of processes belonging to this cgroup killed by
-  any kind of OOM killer" (Documentation/admin-guide/cgroup-v2.rst), hierarchical;
+  any kind of OOM killer" (Documentation/admin-guide/cgroup-v2.rst 5-2-1, "Memory Interface
+  Files"), hierarchical;
 - v1 ``memory.oom_control``: the same counter, since Linux 4.13
-  (Documentation/admin-guide/cgroup-v1/memory.rst, "OOM Control"), the group's own processes.
+  (Documentation/admin-guide/cgroup-v1/memory.rst §10, "OOM Control"), the group's own processes.
 
-The counter says how many processes of the group died, not which. ``Evidence`` carries its
-rise (``kills``) and how many processes outside the caller's tree left the group meanwhile
-(``others_gone``, ``supervisor/members.py``); ``kills - others_gone`` kills at least fell
-inside the tree. The verdict, for a child that did not exit 0:
+The counter says how many processes of the group died, not which, nor when. ``Evidence`` carries
+its rise (``kills``) and how many processes outside the caller's tree left the group around the
+kills (``others_gone``, ``supervisor/members.py``); ``inside`` kills at least fell inside the tree
+(``kills - others_gone`` where nothing more is known). ``run`` also knows when each kill happened
+(``supervisor/oomwatch.py``: the kernel's OOM notification) and whether the worker was still
+running, with no SIGKILL pending, just after it: such a kill was not the worker's (``spared``),
+and ``at_end`` of the ``inside`` kills came while the worker may have been their victim. The
+verdict, for a child that did not exit 0:
 
-| the counter | inside the tree | SIGKILL                  | another end (code, signal)          |
-|-------------|-----------------|--------------------------|-------------------------------------|
-| unreadable  | -               | signal (``NO_COUNTER``)   | exit / signal                       |
-| did not rise| -               | signal (a kill -9)       | exit / signal                       |
-| rose        | at least one    | oom-kill, victim worker  | oom-kill, victim descendant (1)     |
-| rose        | maybe none      | signal, victim group     | exit / signal, victim group         |
+| the counter  | inside the tree        | SIGKILL                     | another end (code, signal)      |
+|--------------|------------------------|-----------------------------|---------------------------------|
+| unreadable   | -                      | signal (``NO_COUNTER``)      | exit / signal                   |
+| did not rise | -                      | signal (a kill -9)          | exit / signal                   |
+| rose         | at least one           | oom-kill, victim worker (2) | oom-kill, victim descendant (1) |
+| rose         | maybe none             | signal, victim group        | exit / signal, victim group     |
+| rose         | the worker outlived it | signal, victim group (3)    | as the two rows above           |
 
 (1) a wrapper's child: only with *descendants* (``verify``'s children have none).
+(2) at least one of them while the worker may have been the victim (``at_end``).
+(3) the worker ran on after each kill, so its SIGKILL came from elsewhere: an operator's
+``kill -9`` long after a neighbour's OOM kill is not blamed on the OOM killer.
 "victim group" says it in words: an OOM kill happened in the group during the run, and it
 cannot be told whether it was this process. A child that exits 0 stays ``clean``; a counter
 that rose meanwhile is said in the note. With ``run --isolate`` nothing else is in the group,
@@ -53,10 +62,28 @@ ISOLATE_HINT = "--isolate tells exactly"
 
 
 class Evidence(NamedTuple):
-    """What the caller measured around one child: the counter's rise, outsiders gone (None: unknown)."""
+    """What the caller measured around one child (None: unknown).
+
+    *kills*: the counter's rise; *others_gone*: outsiders that left the group around the kills;
+    *inside*: kills that fell inside the caller's tree at least (None: ``kills - others_gone``);
+    *at_end*: of those, the ones that came while the worker may have been the victim (None: all);
+    *spared*: kills the worker outlived, running with no SIGKILL pending just after them;
+    *outlived_s*: how long before the worker's end the last of those came.
+    """
 
     kills: int | None
     others_gone: int | None = 0
+    inside: int | None = None
+    at_end: int | None = None
+    spared: int = 0
+    outlived_s: float | None = None
+
+    @property
+    def in_tree(self) -> int:
+        """Kills that fell inside the caller's tree, at least."""
+        if self.inside is not None:
+            return self.inside
+        return (self.kills or 0) - self.others_gone if self.others_gone is not None else 0
 
 
 class Verdict(NamedTuple):
@@ -66,7 +93,8 @@ class Verdict(NamedTuple):
 
 
 def evidence(before: int | None, after: int | None, others_gone: int | None = 0) -> Evidence:
-    """Evidence from two counter readings; a counter that went down (the group re-made) rose by 0."""
+    """Evidence from two counter readings alone (when each kill happened unknown); a counter that
+    went down (the group re-made) rose by 0."""
     kills = None if before is None or after is None else max(0, after - before)
     return Evidence(kills, others_gone)
 
@@ -87,11 +115,19 @@ def _unplaced(e: Evidence, who: str) -> str:
     )
 
 
+def _outlived(e: Evidence) -> str:
+    when = f", {e.outlived_s:.1f}s before the worker ended" if e.outlived_s is not None else ""
+    return (
+        f"not killed by the kernel's OOM killer: the group's OOM kill (oom_kill +{e.kills}{when}) "
+        "was not the worker's, which ran on after it; its SIGKILL came from elsewhere (a kill -9)"
+    )
+
+
 def classify(returncode: int, e: Evidence, *, descendants: bool = True) -> Verdict:
     """The verdict on one child's end (the table above); *descendants* False: it had none."""
     plain = EXIT if returncode > 0 else SIGNAL
     kills = e.kills or 0
-    inside = kills - e.others_gone if e.others_gone is not None else 0
+    inside = e.in_tree
     if returncode == 0:
         if not kills or not descendants:
             return Verdict(CLEAN, None, None)
@@ -102,12 +138,15 @@ def classify(returncode: int, e: Evidence, *, descendants: bool = True) -> Verdi
         return Verdict(SIGNAL, None, NO_COUNTER) if sigkill else Verdict(plain, None, None)
     if not kills or not (sigkill or descendants):
         return Verdict(plain, None, None)
-    if inside > 0 and sigkill:
-        return Verdict(OOM_KILL, WORKER, None)
+    if sigkill:
+        if (inside if e.at_end is None else e.at_end) > 0:
+            return Verdict(OOM_KILL, WORKER, None)
+        if e.spared >= kills:
+            return Verdict(SIGNAL, GROUP, _outlived(e))
+        return Verdict(SIGNAL, GROUP, _unplaced(e, "this process"))
     if inside > 0:
-        note = f"a descendant of the worker was OOM-killed (oom_kill +{kills})"
-        return Verdict(OOM_KILL, DESCENDANT, f"{note}; the worker then ended with {_end(returncode)}")
-    return Verdict(plain, GROUP, _unplaced(e, "this process" if sigkill else "one of its descendants"))
+        return Verdict(OOM_KILL, DESCENDANT, f"the worker then ended with {_end(returncode)}")
+    return Verdict(plain, GROUP, _unplaced(e, "one of its descendants"))
 
 
 def pressure_stopped(verdict: Verdict, returncode: int, why: str) -> Verdict:

@@ -41,11 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
-import select
 import signal
-import time
-from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from oomguard.probes.counters import MemorySample, read_sample
@@ -53,6 +49,7 @@ from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import Root
 from oomguard.supervisor.alarm import Alarm
 from oomguard.supervisor.config import NEAR_MARGINS, GuardSettings
+from oomguard.supervisor.members import Outside, outside_memory
 from oomguard.units import MiB, format_size
 
 TYPE_CHECKING = False
@@ -64,7 +61,6 @@ MARGIN_MIN = 64 * MiB
 MARGIN_RATIO = 0.02
 REARM_RATIO = 0.95
 PRESSURE, HIGH, STOP = "pressure", "high", "stop"
-FAST_QUIET = 0.02  # seconds the alarm is not polled after it woke the guard
 
 
 def guard_margin(spec: tuple[int | None, float | None], ceiling: int) -> int:
@@ -156,6 +152,8 @@ class Guard:
         self.last: MemorySample | None = None
         self.blind = False  # said once: the working set cannot be read
         self.samples = 0
+        self.stopped_at: int | None = None  # the working set the stop was decided at
+        self.outside: Outside | None = None  # the neighbours' memory then (members.outside_memory)
 
     def tick(self) -> bool:
         """Sample once and act; True when the worker must be stopped now (once)."""
@@ -174,6 +172,8 @@ class Guard:
         if HIGH in actions and self.isolation is not None:
             self._high()
         if STOP in actions:
+            self.stopped_at = s.working_set
+            self.outside = outside_memory(self.root, self.group, os.getpid())
             self._say(f"pressure stop: {self.watch.stop_why}; SIGTERM to the worker's process group")
         return STOP in actions
 
@@ -297,72 +297,3 @@ def make_guard(
         f"({format_size(ceiling)} limit - {format_size(margin)} guard margin)"
     )
     return guard
-
-
-@contextlib.contextmanager
-def exit_waiter(pid: int, alarm: Alarm | None = None) -> Iterator[Callable[[float], None]]:
-    """A function that waits up to N seconds, or until *pid* exits (a pidfd, Linux >= 5.3) or the
-    kernel's *alarm* fires; it sleeps where it has neither.
-
-    After a wake-up by the alarm, the alarm is left out of the next ``FAST_QUIET`` (20 ms) of
-    waiting, and polled again after that within the same wait: a v2 group throttled over
-    ``memory.high`` changes ``memory.events`` up to 100 times a second (kernfs rate-limits its
-    notifications to one per 10 ms), a v1 group reclaiming at its limit signals about every 2 MiB
-    scanned, and the guard samples near the ceiling anyway. So the alarm wakes the guard at most
-    50 times a second.
-    """
-    try:
-        fd: int | None = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    quiet_until = float("-inf")
-    mask = alarm.events if alarm is not None else 0
-
-    def wait(seconds: float) -> None:
-        nonlocal quiet_until
-        end = time.monotonic() + seconds
-        while (now := time.monotonic()) < end:
-            quiet = alarm is not None and now < quiet_until
-            afds = alarm.fds() if alarm is not None and not quiet else []
-            span = min(end, quiet_until) - now if quiet else end - now
-            if fd is None and not afds:
-                time.sleep(span)
-                continue
-            poller = select.poll()  # afresh each time: a moved threshold is a new eventfd
-            if fd is not None:
-                poller.register(fd, select.POLLIN)
-            for afd in afds:
-                poller.register(afd, mask)
-            ready = [f for f, _ in poller.poll(span * 1000)]
-            if alarm is not None and (woke := [f for f in ready if f in afds]):
-                for afd in woke:
-                    alarm.drain(afd)
-                quiet_until = time.monotonic() + FAST_QUIET
-                return
-            if ready:  # the worker exited
-                return
-
-    try:
-        yield wait
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def wait_guarded(
-    pid: int, guard: Guard, watching: Callable[[], bool], stop: Callable[[], None]
-) -> tuple[int, resource.struct_rusage]:
-    """Wait for the child *pid*, sampling every ``guard.interval()`` (and when the kernel's alarm
-    fires) while *watching*; ``stop`` when the guard says so. Returns the wait status and resource
-    usage, as ``os.wait4``."""
-    try:
-        with exit_waiter(pid, guard.alarm) as wait_exit:
-            while True:
-                done, status, usage = os.wait4(pid, os.WNOHANG)
-                if done:
-                    return status, usage
-                if watching() and guard.tick():
-                    stop()
-                wait_exit(guard.interval())
-    finally:
-        guard.close()

@@ -29,7 +29,7 @@ import errno
 import os
 
 from oomguard.policy.budget import default_margin
-from oomguard.probes.counters import read_peak
+from oomguard.probes.counters import read_limit, read_peak
 from oomguard.sources.cgroupfs import CgroupFS, drain, group_pids
 from oomguard.sources.root import Failure, Root
 
@@ -195,6 +195,7 @@ class Isolation:
         self.version = version
         self.root = root
         self.fs = fs
+        self.limit: int | None = None  # the limit the kernel holds, read back after ``create`` set it
 
     @classmethod
     def create(
@@ -219,13 +220,17 @@ class Isolation:
         except OSError as exc:
             return None, f"cannot create {path}: {_because(exc)}{reaped}"
         iso = cls(path, version, root, fs)
-        # v2 memory.max / v1 memory.limit_in_bytes: the hard limit (cgroup-v2.rst, cgroup-v1/memory.rst).
+        # v2 memory.max / v1 memory.limit_in_bytes: the hard limit (cgroup-v2.rst 5-2-1, cgroup-v1/memory.rst §3).
         try:
             fs.write_text(iso._file("memory.limit_in_bytes" if version == 1 else "memory.max"), str(limit_bytes))
         except OSError as exc:
             iso.remove()
             return None, f"cannot set the limit of {path}: {_because(exc)}{reaped}"
-        return iso, f"worker isolated in {path} with a limit of {limit_bytes} bytes{reaped}"
+        # Read back: the kernel keeps whole pages (counters.read_limit), and that is the limit.
+        held = read_limit(root, path, version)
+        iso.limit = limit_bytes if held is None else held
+        note = "" if iso.limit == limit_bytes else f" ({limit_bytes} written; the kernel keeps whole pages)"
+        return iso, f"worker isolated in {path} with a limit of {iso.limit} bytes{note}{reaped}"
 
     reap_leftovers = staticmethod(reap_leftovers)
 

@@ -24,24 +24,26 @@ Which processes count, per version:
   processes only (Documentation/admin-guide/cgroup-v1/memory.rst, "OOM Control"; measured on
   Linux 6.18: a kill in a child group raised the child's counter, not the parent's).
 
+``supervisor/oomwatch.py`` takes these snapshots before the start, every second while the worker
+runs and at each OOM kill the kernel notifies, so that a process that joined the group meanwhile
+is seen, and one that left long before a kill is not counted as its victim.
+
+The memory of the processes outside the tree (``outside_memory``) is what a pressure stop or an
+OOM kill says about neighbours: their anonymous memory (``RssAnon``, proc(5)), which the group's
+working set holds whatever else it counts. Here every group below counts on both versions: usage
+is hierarchical (cgroup-v2.rst 5-2-1, "memory.current": "the cgroup and its descendants";
+cgroup-v1/memory.rst §6, "Hierarchy support").
+
 Every read goes through a ``Root``; nothing here raises.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from typing import NamedTuple
 
-from oomguard.probes.counters import read_oom_kills
+from oomguard.probes.counters import read_dying, read_rss_anon
 from oomguard.probes.parsers import parse_pid_list
 from oomguard.sources.root import Failure, Root
-from oomguard.supervisor.exits import Evidence, evidence
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from oomguard._types import Report
-    from oomguard.supervisor.isolate import Isolation
 
 MAX_GROUPS = 256  # groups walked below a v2 group; more, and the membership is unknown
 MAX_DEPTH = 64  # parent links followed from one process
@@ -143,21 +145,27 @@ def gone(before: Members | None, after: Members | None) -> int | None:
     return len(before.known - after.known) + max(0, before.unseen - after.unseen)
 
 
-def watch_oom(root: Root, report: Report, isolation: Isolation | None) -> Callable[[], Evidence]:
-    """Read the worker's group's OOM-kill counter and its outsiders now (``run``, before a start);
-    the function returned reads both again and gives the evidence of the run.
+def dying(root: Root, members: Members) -> frozenset[tuple[int, int]]:
+    """The members on their way out now: gone, zombies, exiting, or with SIGKILL pending
+    (``probes/counters.parse_dying``): where an OOM kill's victim is, just after the kill."""
+    return frozenset(m for m in members.known if read_dying(root, m[0]) is True)
 
-    The group is the ``--isolate`` group, else the one the report's counter belongs to.
-    """
-    oom = report["memory"]["oom"]
-    source = isolation.oom_source if isolation else oom["source"] if oom else None
-    group = os.path.dirname(source) if source else None
-    version = isolation.version if isolation else report["memory"]["cgroup"]["version"]
-    others = outsiders(root, group, version, os.getpid())
-    before = read_oom_kills(root, source)
 
-    def after() -> Evidence:
-        now = read_oom_kills(root, source)
-        return evidence(before, now, gone(others, outsiders(root, group, version, os.getpid())))
+class Outside(NamedTuple):
+    """The anonymous memory of the group's processes outside the caller's tree, and their PIDs."""
 
-    return after
+    bytes: int
+    pids: tuple[int, ...]
+
+
+def outside_memory(root: Root, group_dir: str | None, me: int) -> Outside | None:
+    """``RssAnon`` summed over the processes of *group_dir* and every group below it that are
+    outside *me*'s tree; None when the group cannot be read."""
+    if group_dir is None:
+        return None
+    members = outsiders(root, group_dir, 2, me)  # 2: every group below, whatever the version
+    if members is None:
+        return None
+    sizes = {pid: read_rss_anon(root, pid) for pid, _ in members.known}
+    held = {pid: n for pid, n in sizes.items() if n}
+    return Outside(sum(held.values()), tuple(sorted(held)))

@@ -4,11 +4,15 @@ Before each start the probe runs again (limits change at run time), the budget (
 job shape, the concurrency) is computed, and the worker gets ``OOMGUARD_BUDGET_BYTES``,
 ``OOMGUARD_BUDGET`` and ``OOMGUARD_CONCURRENCY`` plus placeholders in its arguments
 (``config.py``). A budget that cannot work starts nothing (``admit.py``); what earlier OOM
-kills lowered is forgotten when the limit or the plan changes (``adapt.py``). Each end is
-classified from the group's ``oom_kill`` counter and who else left the group meanwhile
-(``exits.py``, ``members.py``), and the exit event compares the peak with the budget and
-the limit (``events.py``). With ``--guard`` the worker's group is sampled while it runs, and
-the worker is signalled, throttled or stopped before the kernel acts (``guard.py``).
+kills lowered is forgotten when the limit or the plan changes (``adapt.py``). While the worker
+runs, the kernel says when its group had an OOM kill and the supervisor looks at once at who can
+have been hit (``oomwatch.py``), and samples the worker tree's peak (``peak.py``; ``waiting.py``
+waits for all of it). Each end is classified from the group's ``oom_kill`` counter, when the
+kills came and who else left the group meanwhile (``exits.py``, ``members.py``), and the exit
+event says the peak against the budget and the limit, the OOM killer at the limit, and the
+share neighbours held (``events.py``); a worker is not stepped down for a neighbour's memory.
+With ``--guard`` the worker's group is sampled while it runs, and the worker is signalled,
+throttled or stopped before the kernel acts (``guard.py``).
 
 The worker runs in its own process group and session; SIGTERM, SIGINT and SIGHUP sent to the
 supervisor go to that group, and ``stop_timeout`` later SIGKILL follows. The supervisor is a
@@ -38,11 +42,21 @@ from oomguard.sources.root import LiveRoot, Root
 from oomguard.supervisor.adapt import OOM_STEP_MIN, STEP_DOWN, Adaptation, Key, oom_margin_step, situation
 from oomguard.supervisor.admit import refusal, start_note
 from oomguard.supervisor.config import RunConfig, substitute, worker_env_and_args
-from oomguard.supervisor.events import EventLog, peak_story
-from oomguard.supervisor.exits import classify, exit_fields, pressure_stopped, shell_status
-from oomguard.supervisor.guard import Guard, make_guard, wait_guarded
+from oomguard.supervisor.events import EventLog, neighbour_note, neighbour_share, own_share, peak_story
+from oomguard.supervisor.exits import (
+    OOM_KILL,
+    PRESSURE_STOP,
+    Verdict,
+    classify,
+    exit_fields,
+    pressure_stopped,
+    shell_status,
+)
+from oomguard.supervisor.guard import Guard, make_guard
 from oomguard.supervisor.isolate import Isolation, isolation_limit
-from oomguard.supervisor.members import watch_oom
+from oomguard.supervisor.members import Outside
+from oomguard.supervisor.oomwatch import OomWatch
+from oomguard.supervisor.peak import TreePeak, fork_floor, run_peak
 from oomguard.supervisor.process import (
     PR_SET_CHILD_SUBREAPER,
     kill_orphans,
@@ -51,6 +65,7 @@ from oomguard.supervisor.process import (
     prepare_child,
     set_prctl,
 )
+from oomguard.supervisor.waiting import wait_worker
 from oomguard.units import MiB
 
 TYPE_CHECKING = False
@@ -88,6 +103,7 @@ class Supervisor:
         self.stopping: int | None = None  # the operator's signal, once one came
         self.adapt = Adaptation(config.on_oom, config.min_concurrency)
         self._situation: Key | None = None  # the limits and uncapped plan of the current start
+        self._excused: str | None = None  # why the last end asks for no less (a neighbour's memory)
         self._deathsig_reported = False  # PR_SET_PDEATHSIG's failure is told by the first start only
 
     # -- signals ---------------------------------------------------------------------------
@@ -142,14 +158,14 @@ class Supervisor:
             raise CommandNotFoundError(f"run: cannot execute {args[0]!r}: permission denied") from None
 
     def _isolation(self, report: Report, budget: int) -> tuple[Isolation | None, int | None]:
-        """The worker's own group, if asked for and possible, and its limit."""
+        """The worker's own group, if asked for and possible, and the limit the kernel holds for it."""
         if not self.cfg.isolate:
             return None, None
         limit = isolation_limit(report, budget)
         name = f"oomguard-run-{os.getpid()}"
         iso, why = Isolation.create(report, limit, name, self.root, self.cgroupfs)
         self.log.stderr.write(f"oomguard run: {'isolate: ' + why if iso else 'cannot isolate: ' + why}\n")
-        return iso, limit if iso else None
+        return iso, (iso.limit or limit) if iso else None
 
     def _guard(self, report: Report, budget: int, isolation: Isolation | None, limit: int | None) -> Guard | None:
         if self.cfg.guard is None or self.child is None:
@@ -159,16 +175,16 @@ class Supervisor:
         fs = self.cgroupfs
         return make_guard(self.cfg.guard, report, budget, isolated=isolated, root=self.root, pid=pid, stderr=err, fs=fs)
 
-    def _wait(self, guard: Guard | None) -> tuple[int, int | None]:
-        """Block until the worker exits: (returncode as Popen gives it, peak RSS bytes)."""
+    def _wait(self, watch: OomWatch, peak: TreePeak, guard: Guard | None) -> tuple[int, int | None, float]:
+        """Block until the worker exits: (returncode as Popen gives it, ru_maxrss bytes, when it ended)."""
         assert self.child is not None
-        if guard is None:
-            _, status, usage = os.wait4(self.child.pid, 0)
-        else:
-            status, usage = wait_guarded(self.child.pid, guard, lambda: self.stopping is None, self._stop_worker)
+        watching = lambda: self.stopping is None  # noqa: E731
+        status, usage, ended = wait_worker(
+            self.child.pid, watch, peak, guard=guard, watching=watching, stop=self._stop_worker
+        )
         signal.setitimer(signal.ITIMER_REAL, 0)
         self.child.returncode = os.waitstatus_to_exitcode(status)
-        return self.child.returncode, usage.ru_maxrss * 1024 or None
+        return self.child.returncode, usage.ru_maxrss * 1024 or None, ended
 
     def _cleanup_group(self) -> None:
         """Kill what is left of the worker's process group and reap every child."""
@@ -185,43 +201,78 @@ class Supervisor:
                     deadline = self.clock() + 2.0
                 time.sleep(0.01)
 
-    def _clean_up(self, isolation: Isolation | None, peak: int | None) -> int | None:
-        """Kill and reap what is left of the run, remove its group; the peak (the group's, when isolated)."""
+    def _clean_up(self, isolation: Isolation | None) -> int | None:
+        """Kill and reap what is left of the run, remove its group; the group's own peak, when isolated."""
         if isolation is not None:
             isolation.kill()  # cgroup.kill: everything in the worker's group (other sessions too) dies now
         self._cleanup_group()
+        peak = None
         if isolation is not None:
-            peak = isolation.peak() or peak
+            peak = isolation.peak()
             if not isolation.remove():
                 self.log.stderr.write(f"oomguard run: isolate: cannot remove {isolation.path}\n")
         return peak
+
+    def _watch(self, report: Report, isolation: Isolation | None) -> OomWatch:
+        """The OOM kills of the worker's group: its ``--isolate`` group, else the report's counter's."""
+        oom = report["memory"]["oom"]
+        source = isolation.oom_source if isolation else oom["source"] if oom else None
+        version = isolation.version if isolation else report["memory"]["cgroup"]["version"]
+        return OomWatch(self.root, self.cgroupfs, source, version)
+
+    def _neighbours(
+        self, verdict: Verdict, guard: Guard | None, watch: OomWatch, limit: int | None
+    ) -> tuple[Outside | None, int | None]:
+        """What the group's other processes held at a pressure stop (the working set then) or an OOM
+        kill (the limit), and that whole; (None, None) for another end."""
+        if verdict.reason == PRESSURE_STOP and guard is not None:
+            return guard.outside, guard.stopped_at
+        if verdict.reason == OOM_KILL:
+            return watch.outside, limit
+        return None, None
 
     def _run_once(self, report: Report, ctx: dict[str, Any], lifted: str | None) -> tuple[int, dict[str, Any], float]:
         """Start the worker, wait for it, classify its end: (returncode, event fields, uptime)."""
         budget, concurrency = ctx["budget_bytes"], ctx["concurrency"]
         env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.cfg.shape)
         isolation, iso_limit = self._isolation(report, budget)
-        oom_evidence = watch_oom(self.root, report, isolation)
+        watch = self._watch(report, isolation)
+        floor = fork_floor()
         started = self.clock()
         self.child = self._spawn(env, args, isolation)
         pid = self.child.pid
+        tree = TreePeak(self.root, pid, floor)
+        watch.started(pid)
         self.log.emit("start", pid=pid, **ctx, **start_note(report, lifted))
         guard = self._guard(report, budget, isolation, iso_limit)
         if self.stopping is not None:  # a signal between spawn and now
             self._on_signal(self.stopping, None)
-        rc, peak = self._wait(guard)
-        e = oom_evidence()
-        peak = self._clean_up(isolation, peak)
+        rc, maxrss, ended = self._wait(watch, tree, guard)
+        e = watch.finish(ended)
+        group_peak = self._clean_up(isolation)
+        tree_peak, unknown = tree.result(maxrss)
+        peak, source = run_peak(tree_peak, group_peak, isolation.version if isolation else None)
         uptime = self.clock() - started
         verdict = classify(rc, e)
         if guard is not None and guard.watch.stop_why is not None:  # the guard stopped it
             verdict = pressure_stopped(verdict, rc, guard.watch.stop_why)
+        limit, limited_by = (iso_limit, "isolated") if iso_limit else (ctx["effective_bytes"], ctx["limited_by"])
+        outside, whole = self._neighbours(verdict, guard, watch, limit)
         common = {"pid": pid, **ctx, "reason": verdict.reason, "oom_kills": e.kills, "oom_victim": verdict.victim}
         common |= exit_fields(rc) | (guard.fields() if guard is not None else {})
-        limit, source = (iso_limit, "isolated") if iso_limit else (ctx["effective_bytes"], ctx["limited_by"])
-        said = [peak_story(peak, budget, limit, source), verdict.note, guard.story() if guard is not None else None]
+        common["outside_bytes"] = outside.bytes if outside is not None else None
+        oom = verdict.victim if verdict.reason == OOM_KILL else None
+        said = [peak_story(peak, budget, limit, limited_by, source=source, oom=oom, kills=e.kills, unknown=unknown)]
+        said.append(verdict.note)
+        share = neighbour_share(outside, whole)
+        self._excused = None
+        if share is not None and whole is not None:
+            what = "working set" if verdict.reason == PRESSURE_STOP else "limit"
+            self._excused = own_share(share, whole, budget)
+            said += [neighbour_note(share, whole, what), self._excused]
+        said.append(guard.story() if guard is not None else None)
         story = "; ".join(filter(None, said)) or None
-        self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, message=story, **common)
+        self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, peak_source=source, message=story, **common)
         return rc, common, uptime
 
     # -- the loop --------------------------------------------------------------------------
@@ -282,7 +333,9 @@ class Supervisor:
             self.log.emit("give-up", message=message, **common)
             return False
         healthy = self.adapt.after_run(uptime, policy.healthy_after, common["reason"])
-        if common["reason"] in STEP_DOWN:
+        if common["reason"] in STEP_DOWN and self._excused is not None:  # a neighbour's memory, not the worker's
+            healthy = f"after {STEP_DOWN[common['reason']]}: {self._excused} (the rest was outside the worker's tree)"
+        elif common["reason"] in STEP_DOWN:
             assert self._situation is not None
             healthy = self.adapt.after_oom(report, common["concurrency"], self._situation, common["reason"])
         delay = policy.next_delay(uptime, now)

@@ -8,7 +8,9 @@ each has said its final word, its pipe closed, or ``REPORT_TIMEOUT`` passed.
 On stderr, ``Progress`` shows it: where stderr is a terminal, one line per child, redrawn in
 place ("child 4242: 3.20 GiB of 14 GiB (22%), 1.85 GB/s"); elsewhere (a log, a pipe) one summary
 line at the end, so a minutes-long verify of a large budget is not silent and a log is not
-flooded.
+flooded. The summary's "touched" is the result's ``touched_bytes``: the children that said
+``touched``, never the part a child faulted in before it was killed ("1 of 2 children touched
+768 MiB of 1.5 GiB"), so a run has one touched figure.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import selectors
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from oomguard.units import format_size
@@ -39,6 +42,7 @@ class Progress:
         self.sizes, self.pids = sizes, pids
         self.done = [0] * len(sizes)
         self.seconds: list[float | None] = [None] * len(sizes)
+        self.finished = [False] * len(sizes)  # said its final "touched"
         self._drawn = False
         self._last = 0.0
 
@@ -46,6 +50,11 @@ class Progress:
         self.done[i], self.seconds[i] = done, seconds
         if self.tty and time.monotonic() - self._last >= REDRAW_EVERY:
             self._draw()
+
+    def touched(self, i: int, done: int, seconds: float | None) -> None:
+        """Child *i* said its final ``touched``: it counts in the summary's touched figure."""
+        self.finished[i] = True
+        self.update(i, done, seconds)
 
     def line(self, i: int) -> str:
         size, done = self.sizes[i], self.done[i]
@@ -68,10 +77,13 @@ class Progress:
         if self.tty:
             self._draw()
             return
-        done, target = sum(self.done), sum(self.sizes)
-        slowest = max((s for s in self.seconds if s), default=None)
+        done = sum(n for n, ok in zip(self.sizes, self.finished, strict=True) if ok)
+        target, finished = sum(self.sizes), sum(self.finished)
+        slowest = max((s for s, ok in zip(self.seconds, self.finished, strict=True) if s and ok), default=None)
+        n = len(self.sizes)
+        who = f"{n} children" if finished == n else f"{finished} of {n} children"
         self.out.write(
-            f"oomguard verify: {len(self.sizes)} children touched {format_size(done)} of {format_size(target)} "
+            f"oomguard verify: {who} touched {format_size(done)} of {format_size(target)} "
             f"in {elapsed:.1f}s ({_rate(done, slowest)})\n"
         )
         self.out.flush()
@@ -90,8 +102,11 @@ def _number(msg: dict[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def collect(procs: list[subprocess.Popen[str]], progress: Progress) -> list[dict[str, Any]]:
-    """Each child's final JSON line ({} for none or garbage), showing progress lines meanwhile."""
+def collect(
+    procs: list[subprocess.Popen[str]], progress: Progress, tick: Callable[[], None] | None = None
+) -> list[dict[str, Any]]:
+    """Each child's final JSON line ({} for none or garbage), showing progress lines meanwhile; *tick*
+    is called between reads (at least once a second: ``verify`` samples the group's usage)."""
     final: list[dict[str, Any] | None] = [None] * len(procs)
     buffers = [b""] * len(procs)
     sel = selectors.DefaultSelector()
@@ -101,7 +116,9 @@ def collect(procs: list[subprocess.Popen[str]], progress: Progress) -> list[dict
     deadline = time.monotonic() + REPORT_TIMEOUT
     try:
         while sel.get_map() and (left := deadline - time.monotonic()) > 0:
-            for key, _ in sel.select(timeout=min(left, 1.0)):
+            if tick is not None:
+                tick()
+            for key, _ in sel.select(timeout=min(left, 0.1 if tick is not None else 1.0)):
                 i = key.data
                 chunk = os.read(key.fd, 65536)
                 buffers[i] += chunk
@@ -119,5 +136,5 @@ def collect(procs: list[subprocess.Popen[str]], progress: Progress) -> list[dict
     out = [msg or {} for msg in final]
     for i, msg in enumerate(out):
         if "touched" in msg:
-            progress.update(i, int(_number(msg, "touched") or 0), _number(msg, "seconds"))
+            progress.touched(i, int(_number(msg, "touched") or 0), _number(msg, "seconds"))
     return out

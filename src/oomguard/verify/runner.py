@@ -9,6 +9,21 @@ oom_kill counter rose, and no process outside verify's own tree left the group m
 was OOM-killed (``supervisor/exits.py`` and ``supervisor/members.py``, as for ``run``). The
 parent allocates nothing large, and reads /proc and /sys only through a ``Root``. Progress
 goes to stderr (``verify/progress.py``).
+
+What it measures, each number once and named for what it is:
+
+- ``touched_bytes``: the children that wrote every page of their share (the progress summary
+  says the same figure);
+- ``group_peak_bytes``: the peak usage of verify's memory cgroup while verify ran
+  (``GroupPeak``): the group's own peak counter where verify moved it, v2 ``memory.peak`` ("The
+  max memory usage recorded for the cgroup and its descendants", cgroup-v2.rst 5-2-1), v1
+  ``memory.max_usage_in_bytes`` ("max memory usage recorded", cgroup-v1/memory.rst, "Brief
+  summary of control files"); where it did not move (the group peaked higher before verify),
+  the highest usage sampled during the run (every 0.1 s), ``group_peak_source`` says which;
+- ``children_vmhwm_sum_bytes``: the children's ``VmHWM`` (proc(5)) summed, as labelled: each
+  child's own peak, at different moments, with the pages they share counted once per child, so
+  it is not the group's peak (1.85 GiB summed where the group peaked at 1.79 GiB);
+- ``cgroup_usage_bytes``: the group's usage while the children hold their memory.
 """
 
 from __future__ import annotations
@@ -22,7 +37,7 @@ from typing import Any, TextIO
 
 from oomguard.errors import BudgetUnknownError
 from oomguard.policy.plan import Shape, make_plan
-from oomguard.probes.counters import read_oom_kills, read_peak_rss, read_usage
+from oomguard.probes.counters import read_oom_kills, read_peak, read_peak_rss, read_usage
 from oomguard.sources.root import LiveRoot, Root
 from oomguard.supervisor.exits import CLEAN, EXIT, OOM_KILL, SIGNAL, Evidence, classify, evidence, exit_fields
 from oomguard.supervisor.members import gone, outsiders
@@ -55,6 +70,39 @@ def split_target(report: Report, shape: Shape | None, fraction: float) -> tuple[
         n = max(1, min(int(cpus), MAX_BUDGET_CHILDREN))
         sizes = [budget // n + (1 if i < budget % n else 0) for i in range(n)]
     return [int(s * fraction) for s in sizes if int(s * fraction) > 0], plan
+
+
+class GroupPeak:
+    """The peak usage of the group *cgroup_dir* while verify runs: its peak counter (read now and in
+    ``result``) where verify moved it, else the most usage ``sample`` saw."""
+
+    SAMPLED = "usage-sampled"
+
+    def __init__(self, root: Root, cgroup_dir: str | None, version: int | None) -> None:
+        self.root, self.dir, self.version = root, cgroup_dir, version
+        self.before = read_peak(root, cgroup_dir, version) if cgroup_dir and version else None
+        self.sampled: int | None = None
+
+    def sample(self) -> None:
+        usage = read_usage(self.root, self.dir, self.version)
+        if usage is not None and (self.sampled is None or usage > self.sampled):
+            self.sampled = usage
+
+    def result(self) -> tuple[int | None, str | None]:
+        """(peak bytes, source): ``memory.peak`` / ``memory.max_usage_in_bytes`` / ``usage-sampled``."""
+        self.sample()
+        after = read_peak(self.root, self.dir, self.version) if self.dir and self.version else None
+        if after is not None and self.before is not None and after > self.before:
+            return after, "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        return self.sampled, self.SAMPLED if self.sampled is not None else None
+
+
+def _hold(seconds: float, peak: GroupPeak) -> None:
+    """Hold for *seconds*, sampling the group's usage every 0.1 s."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        peak.sample()
+        time.sleep(min(left, 0.1))
 
 
 def outcome(returncode: int, e: Evidence) -> str:
@@ -114,18 +162,20 @@ def verify(
     version = report["memory"]["cgroup"]["version"]
     others = outsiders(root, group, version, os.getpid())
     before = read_oom_kills(root, oom_source)
+    cg = report["memory"]["cgroup"]
+    group_peak = GroupPeak(root, cg["dir"], cg["version"])
     started = time.monotonic()
     procs = [start_child("_alloc", str(n), stdin=subprocess.PIPE) for n in sizes]
     meter = Progress(progress if progress is not None else sys.stderr, sizes, [p.pid for p in procs])
-    peak_rss, usage = 0, None
+    vmhwm_sum, usage = 0, None
     try:
-        lines = collect(procs, meter)
+        lines = collect(procs, meter, group_peak.sample)
         meter.finish(time.monotonic() - started)
         if all("touched" in msg for msg in lines):
-            time.sleep(hold)
-            peak_rss = sum(read_peak_rss(root, p.pid) or 0 for p in procs)
-            cg = report["memory"]["cgroup"]
+            _hold(hold, group_peak)
+            vmhwm_sum = sum(read_peak_rss(root, p.pid) or 0 for p in procs)
             usage = read_usage(root, cg["dir"], cg["version"])
+        peak, peak_source = group_peak.result()
     finally:
         _release(procs)
     after = read_oom_kills(root, oom_source)
@@ -134,7 +184,9 @@ def verify(
     measured = {
         "oom_kills": None if before is None or after is None else after - before,
         "oom_counter": oom_source,
-        "peak_rss_bytes": peak_rss or None,
+        "group_peak_bytes": peak,
+        "group_peak_source": peak_source,
+        "children_vmhwm_sum_bytes": vmhwm_sum or None,
         "cgroup_usage_bytes": usage,
     }
     return _result(report, sizes, plan, children, measured, fraction=fraction, hold=hold)
@@ -180,8 +232,9 @@ def format_verify(r: dict[str, Any]) -> str:
         f"touched in {len(children)} child processes",
         f"  budget      {format_size(r['budget']['bytes'])} ({r['budget']['source']}); "
         f"ceiling {format_size(r['effective_bytes'])} ({r['limited_by']})",
-        f"  peak RSS    {format_size(r['peak_rss_bytes'])} (children); "
-        f"cgroup usage {format_size(r['cgroup_usage_bytes'])}",
+        f"  group peak  {format_size(r['group_peak_bytes'])} ({r['group_peak_source'] or 'unreadable'}, while verify "
+        f"ran); usage {format_size(r['cgroup_usage_bytes'])} while held",
+        f"  VmHWM sum   {format_size(r['children_vmhwm_sum_bytes'])} (the children's VmHWM summed)",
         f"  fault-in    {'-' if rate is None else f'{rate / 1e9:.2f} GB/s'}",
         f"  OOM kills   {'unknown (no counter readable)' if r['oom_kills'] is None else r['oom_kills']}",
     ]
