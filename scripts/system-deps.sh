@@ -5,6 +5,9 @@
 #   VM suite boots (tests/vm/; cpio reads its initramfs back in a test). The -cloud- kernel has
 #   no 9p, so the generic one is needed.
 # - zsh: the zsh completion script is tested in a real zsh (tests/test_completion.py).
+# - runc, crun and podman: real containers with memory limits set by the runtime, here and in the
+#   VM (tests/test_runtimes.py, tests/vm/guest/check_runtimes.py). Root podman with --rootfs, vfs
+#   storage and no network needs nothing of its Recommends (conmon is a Depends).
 # Needs root for apt-get; without it, says what is missing and leaves the tests to skip.
 set -euo pipefail
 need=()
@@ -17,6 +20,10 @@ ls /lib/modules/*/kernel/fs/9p/9p.ko* >/dev/null 2>&1 || need+=(linux-image-amd6
 [ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" = "install ok installed" ] || need+=(busybox-static)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v zsh >/dev/null 2>&1 || need+=(zsh)
+# runc lives in /usr/sbin, which a non-root PATH may lack.
+for rt in runc crun podman; do
+  command -v $rt >/dev/null 2>&1 || [ -x /usr/sbin/$rt ] || need+=($rt)
+done
 # nginx and Caddy: the reverse-proxy examples in deploy/proxy/ are run and validated (tests/test_manager_hardening.py).
 command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
 command -v caddy >/dev/null 2>&1 || need+=(caddy)

@@ -20,7 +20,7 @@ KILLED_9 = (
     "pid = sys.argv[2]\n"
     "def alive():\n"
     "    try: return open('/proc/%s/stat' % pid).read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
-    "    except FileNotFoundError: return False\n"
+    "    except (FileNotFoundError, ProcessLookupError): return False\n"
     "while alive(): time.sleep(0.01)\n"
     "os.kill(os.getpid(), signal.SIGKILL)\n"
 )
