@@ -287,3 +287,39 @@ def test_the_live_namespace_links_are_read_and_replayed_from_a_snapshot(tmp_path
         [*og.split(), "check", "--json", "--no-gpu", "--root", str(snap)], env=env, capture_output=True, text=True
     )
     assert json.loads(replay.stdout)["container"]["evidence"] == evidence
+
+
+# --- one working-set definition (issue #20): the probe, the run side and the watch agree ------------
+
+
+@given(
+    usage=st.integers(0, 1 << 40),
+    own=st.none() | st.integers(0, 1 << 40),
+    total=st.none() | st.integers(0, 1 << 40),
+    version=st.sampled_from([1, 2]),
+)
+def test_the_probe_the_run_side_and_the_watch_read_one_working_set(
+    usage: int, own: int | None, total: int | None, version: int
+) -> None:
+    from oomguard.probes.counters import read_sample, read_working_set
+
+    stat = "".join(f"{k} {v}\n" for k, v in (("inactive_file", own), ("total_inactive_file", total)) if v is not None)
+    with tempfile.TemporaryDirectory() as d:
+        if version == 2:
+            files = v2_tree("/", {"sys/fs/cgroup/memory.max": "max\n"})
+            files.update({"sys/fs/cgroup/memory.current": f"{usage}\n", "sys/fs/cgroup/memory.stat": stat})
+        else:
+            files = {
+                "proc/meminfo": MEMINFO.format(avail=1 << 20),
+                "proc/self/cgroup": "4:memory:/\n",
+                "proc/self/mountinfo": "30 23 0:26 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",
+                "sys/fs/cgroup/memory/memory.usage_in_bytes": f"{usage}\n",
+                "sys/fs/cgroup/memory/memory.stat": stat,
+            }
+        root = write(Path(d), files)
+        group = "/sys/fs/cgroup" if version == 2 else "/sys/fs/cgroup/memory"
+        probed = probe_system(root, {}, gpu=False)["memory"]["working_set_bytes"]
+        assert probed == read_working_set(root, group, version) == read_sample(root, group, version).working_set
+    # v2 counts its own inactive_file (hierarchical already); v1 the total_ one when it is there
+    inactive = (own if version == 2 else (total if total is not None else own)) or 0
+    assert probed == max(0, usage - inactive)

@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard.errors import UsageError
+from oomguard.policy.budget import guard_margin
 from oomguard.probes.counters import MemorySample, read_sample
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import DirRoot
@@ -30,7 +31,7 @@ from oomguard.supervisor.adapt import Adaptation
 from oomguard.supervisor.alarm import Alarm
 from oomguard.supervisor.config import GuardSettings, parse_signal, settings_from
 from oomguard.supervisor.exits import Evidence, classify, pressure_stopped
-from oomguard.supervisor.guard import HIGH, PRESSURE, STOP, Guard, GuardState, binding_group, guard_margin
+from oomguard.supervisor.guard import HIGH, PRESSURE, STOP, Guard, GuardState, binding_group
 from oomguard.supervisor.isolate import Isolation
 from oomguard.supervisor.waiting import FAST_QUIET, exit_waiter
 from tests.conftest import REPO
@@ -54,10 +55,13 @@ def sample(usage: int | None, inactive: int = 0, stall_s: float | None = None, h
 
 
 def test_the_default_margin_is_64mib_or_2_percent_of_the_ceiling() -> None:
-    assert guard_margin((None, None), 512 * MiB) == 64 * MiB
-    assert guard_margin((None, None), 100 * GiB) == 2 * GiB
-    assert guard_margin((None, 5.0), 100 * GiB) == 5 * GiB
-    assert guard_margin((128 * MiB, None), 100 * GiB) == 128 * MiB
+    assert guard_margin(512 * MiB) == 64 * MiB
+    assert guard_margin(100 * GiB) == 2 * GiB
+    assert guard_margin(100 * GiB, pct=5.0) == 5 * GiB
+    assert guard_margin(100 * GiB, 128 * MiB) == 128 * MiB
+    # below the floor: no room under the ceiling, no line to guard (the watch says the same)
+    assert guard_margin(64 * MiB) is None and guard_margin(64 * MiB + 1) == 64 * MiB
+    assert guard_margin(GiB, GiB) is None and guard_margin(GiB, pct=100.0) is None
     assert settings_from("10%", "usr1") == GuardSettings((None, 10.0), signal.SIGUSR1)
     assert settings_from(None, None) == GuardSettings()
 

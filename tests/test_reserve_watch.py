@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard import MemoryBudget, Reservation
-from oomguard.policy.watch import MAX_OVERSHOOT, Watch, guard_margin, read_working_set
+from oomguard.policy.budget import guard_margin
+from oomguard.policy.watch import MAX_OVERSHOOT, Watch, read_working_set
 from oomguard.sources.root import DirRoot
 from tests.conftest import REPO
 from tests.helpers.trees import make_tree
@@ -302,7 +303,17 @@ def test_watch_checks_its_arguments() -> None:
         with pytest.raises(ValueError):
             Watch(Box(0), 100, **kw)  # type: ignore[arg-type]
     assert Watch(Box(0), 100 * 1024 * MiB).margin == 2 * 1024 * MiB  # 2% of 100 GiB
-    assert guard_margin(1024 * MiB) == 64 * MiB and guard_margin(10 * MiB) == 10 * MiB
+    assert guard_margin(1024 * MiB) == 64 * MiB and guard_margin(10 * MiB) is None
+
+
+def test_a_margin_that_leaves_no_room_admits_by_reserved_bytes_and_says_so() -> None:
+    """Below the guard margin's floor the watch stands aside, as run --guard does (docs/guard.md)."""
+    for w in (Watch(Box(0), 10 * MiB), Watch(Box(0), 100 * MiB, margin_bytes=100 * MiB)):
+        assert w.margin is None and "leaves no room under the" in (w.unknown_reason or "")
+        with MemoryBudget(8 * MiB, watch=w) as b:
+            r = b.try_reserve(8 * MiB)  # the static rule alone: it fits the budget
+            assert r is not None and r.held == 8 * MiB
+            assert b.watch_warning is not None and "leaves no room under the" in b.watch_warning
 
 
 # --- a Root over a fake tree whose files the test rewrites ------------------------------------

@@ -55,6 +55,28 @@ def default_margin(basis: int) -> int:
     return min(basis, MARGIN_MAX, max(MARGIN_MIN, int(basis * MARGIN_RATIO)))
 
 
+# The guard margin: how far under the ceiling ``run --guard`` stops a worker and
+# ``MemoryBudget(watch=True)`` stops admitting. One definition, used by both.
+GUARD_MARGIN_MIN = 64 * MiB
+GUARD_MARGIN_RATIO = 0.02
+
+
+def guard_margin(ceiling: int, size: int | None = None, pct: float | None = None) -> int | None:
+    """The guard margin under *ceiling*: *size*, *pct* % of the ceiling, or max(64 MiB, 2% of it).
+
+    None when it leaves no room under the ceiling (margin >= ceiling: with the default, a ceiling
+    of 64 MiB or less). There is then no line to guard: ``run --guard`` runs without the guard and
+    ``MemoryBudget(watch=True)`` admits by reserved bytes only, each saying why (docs/guard.md).
+    """
+    if size is not None:
+        margin = size
+    elif pct is not None:
+        margin = int(ceiling * pct / 100)
+    else:
+        margin = max(GUARD_MARGIN_MIN, int(ceiling * GUARD_MARGIN_RATIO))
+    return margin if margin < ceiling else None
+
+
 def budget_basis(report: Report) -> int | None:
     mem = report["memory"]
     hard, soft = mem["effective_bytes"], mem["soft_limit_bytes"]

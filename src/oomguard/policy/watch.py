@@ -24,10 +24,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
-from oomguard.probes.counters import read_usage
-from oomguard.probes.parsers import parse_flat_keyed
-from oomguard.sources.root import Failure, LiveRoot, Root
-from oomguard.units import MiB, format_size, parse_size_or_percent
+from oomguard.policy.budget import guard_margin
+from oomguard.probes.counters import read_working_set
+from oomguard.sources.root import LiveRoot, Root
+from oomguard.units import format_size, parse_size_or_percent
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,29 +36,10 @@ if TYPE_CHECKING:
 
     Sampler = Callable[[], "int | None"]
 
-__all__ = ["Admission", "SamplerThread", "Watch", "guard_margin", "read_working_set", "sample_once"]
+__all__ = ["Admission", "SamplerThread", "Watch", "read_working_set", "sample_once"]
 
-GUARD_MARGIN_MIN = 64 * MiB
-GUARD_MARGIN_RATIO = 0.02
 DEFAULT_INTERVAL = 0.1  # seconds between samples
 MAX_OVERSHOOT = 1.5  # the learned overshoot ratio never goes above this
-
-
-def guard_margin(ceiling: int) -> int:
-    """The default guard margin: max(64 MiB, 2% of the ceiling), never more than the ceiling."""
-    return min(ceiling, max(GUARD_MARGIN_MIN, int(ceiling * GUARD_MARGIN_RATIO)))
-
-
-def read_working_set(root: Root, group_dir: str, version: int) -> int | None:
-    """usage - inactive_file of the memory cgroup *group_dir*; None when usage cannot be read."""
-    usage = read_usage(root, group_dir, version)
-    if usage is None:
-        return None
-    stat = root.read(group_dir + "/memory.stat")
-    keyed = {} if isinstance(stat, Failure) else parse_flat_keyed(stat)
-    keys = ("inactive_file",) if version == 2 else ("total_inactive_file", "inactive_file")
-    inactive = next((keyed[k] for k in keys if k in keyed), 0)
-    return max(0, usage - inactive)
 
 
 def _unknown() -> int | None:
@@ -117,10 +98,14 @@ class Watch:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         if not 1.0 <= overshoot <= MAX_OVERSHOOT:
             raise ValueError(f"overshoot must be from 1.0 to {MAX_OVERSHOOT}, got {overshoot!r}")
+        if ceiling_bytes is not None:
+            room = guard_margin(ceiling_bytes, margin_bytes)  # None: no room under the ceiling
+            if room is None:  # no line to keep under: admit by reserved bytes only, and say why
+                what = "the default guard margin" if margin_bytes is None else f"the guard margin {margin_bytes} B"
+                sampler, unknown_reason = _unknown, f"{what} leaves no room under the {ceiling_bytes} B ceiling"
+            margin_bytes = room
         self.sampler = sampler
         self.ceiling = ceiling_bytes
-        if margin_bytes is None and ceiling_bytes is not None:
-            margin_bytes = guard_margin(ceiling_bytes)
         self.margin = margin_bytes
         self.interval = float(interval)
         self.overshoot = float(overshoot)

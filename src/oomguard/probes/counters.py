@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from oomguard.probes.parsers import (
     VALUE,
+    inactive_file,
     parse_flat_keyed,
     parse_int_file,
     parse_limit,
@@ -20,6 +21,7 @@ from oomguard.probes.parsers import (
     parse_pressure,
     parse_status,
     status_kb,
+    working_set,
 )
 from oomguard.sources.root import Failure, Root
 
@@ -185,24 +187,19 @@ class MemorySample(NamedTuple):
     @property
     def working_set(self) -> int | None:
         """usage - inactive_file, as the probe computes it (kubelet's working set); None without usage."""
-        if self.usage is None:
-            return None
-        return max(0, self.usage - (self.inactive_file or 0))
+        return working_set(self.usage, self.inactive_file)
 
 
 def _inactive_file(stat: str | None, version: int) -> int | None:
-    """inactive_file of a ``memory.stat``: v2 ``inactive_file`` (the group and its descendants),
-    v1 ``total_inactive_file`` (hierarchical), else v1's own ``inactive_file``.
+    """inactive_file of a ``memory.stat`` text (``parsers.INACTIVE_FILE_KEYS``)."""
+    return None if stat is None else inactive_file(parse_flat_keyed(stat), version)
 
-    cgroup-v2.rst, "memory.stat": ``inactive_file``, "Amount of memory ... on the internal
-    memory management lists used by the page reclaim algorithm"; cgroup-v1/memory.rst 5.2
-    ("total_<counter>: # hierarchical version of <counter>").
-    """
-    if stat is None:
-        return None
-    keyed = parse_flat_keyed(stat)
-    keys = ("inactive_file",) if version == 2 else ("total_inactive_file", "inactive_file")
-    return next((keyed[k] for k in keys if k in keyed), None)
+
+def read_working_set(root: Root, cgroup_dir: str, version: int) -> int | None:
+    """usage - inactive_file of the memory cgroup *cgroup_dir* now (``parsers.working_set``); None
+    when the usage cannot be read. Two files only: what ``MemoryBudget(watch=True)`` samples."""
+    stat = _text(root, cgroup_dir + "/memory.stat")
+    return working_set(read_usage(root, cgroup_dir, version), _inactive_file(stat, version))
 
 
 def read_sample(root: Root, cgroup_dir: str, version: int) -> MemorySample:

@@ -11,7 +11,16 @@ reaches its limit first, so the headroom is the smallest (limit - usage) over th
 from __future__ import annotations
 
 from oomguard.probes.cgroup import Hierarchy
-from oomguard.probes.parsers import MALFORMED, UNLIMITED, VALUE, parse_flat_keyed, parse_int_file, parse_limit
+from oomguard.probes.parsers import (
+    MALFORMED,
+    UNLIMITED,
+    VALUE,
+    inactive_file,
+    parse_flat_keyed,
+    parse_int_file,
+    parse_limit,
+    working_set,
+)
 from oomguard.probes.parsers import parse_pressure as _parse_pressure
 from oomguard.report import add_warning, warn_failure
 from oomguard.sources.root import Failure, Root
@@ -65,10 +74,9 @@ class Reader:
                 best, where = n, p
         return best, where, seen
 
-    def inactive_file(self, d: str, keys: tuple[str, ...]) -> int | None:
-        """inactive_file of *d*'s memory.stat (the first of *keys* present); None without one."""
-        stat = parse_flat_keyed(self.text(f"{d}/memory.stat") or "")
-        return next((stat[k] for k in keys if k in stat), None)
+    def inactive_file(self, d: str, version: int) -> int | None:
+        """inactive_file of *d*'s memory.stat (``parsers.INACTIVE_FILE_KEYS``); None without one."""
+        return inactive_file(parse_flat_keyed(self.text(f"{d}/memory.stat") or ""), version)
 
 
 def _min(a: int | None, b: int | None) -> int | None:
@@ -79,14 +87,14 @@ def _min(a: int | None, b: int | None) -> int | None:
     return min(a, b)
 
 
-def _charges(r: Reader, levels: list[CgroupLevel], usage_file: str, keys: tuple[str, ...]) -> list[Charge]:
+def _charges(r: Reader, levels: list[CgroupLevel], usage_file: str, version: int) -> list[Charge]:
     """(dir, limit, working set) of every limited level: usage - inactive_file there.
 
     memory.stat counts descendants (v2 always; v1 in its ``total_`` keys), so a level's
     inactive_file is at least the group's own: where a level has no memory.stat, the group's
     is used, which never makes the headroom larger than it is.
     """
-    leaf_inactive = (r.inactive_file(levels[0]["dir"], keys) or 0) if levels else 0
+    leaf_inactive = (r.inactive_file(levels[0]["dir"], version) or 0) if levels else 0
     out: list[Charge] = []
     for lv in levels:
         limit = lv["max_bytes"]
@@ -94,8 +102,8 @@ def _charges(r: Reader, levels: list[CgroupLevel], usage_file: str, keys: tuple[
             continue
         cur = r.text(f"{lv['dir']}/{usage_file}")
         usage = parse_int_file(cur) if cur is not None else None
-        inactive = r.inactive_file(lv["dir"], keys)
-        ws = None if usage is None else max(0, usage - (leaf_inactive if inactive is None else inactive))
+        inactive = r.inactive_file(lv["dir"], version)
+        ws = working_set(usage, leaf_inactive if inactive is None else inactive)
         out.append((lv["dir"], limit, ws))
     return out
 
@@ -131,7 +139,7 @@ def read_v2(r: Reader, h: Hierarchy, mem: MemorySection) -> list[Charge]:
     mem["swap"]["limit_bytes"] = swap
     mem["swap"]["known"] = swap_seen
     _v2_usage(r, leaf, mem)
-    return _charges(r, levels, "memory.current", ("inactive_file",))
+    return _charges(r, levels, "memory.current", 2)
 
 
 def _v2_usage(r: Reader, leaf: str, mem: MemorySection) -> None:
@@ -141,7 +149,7 @@ def _v2_usage(r: Reader, leaf: str, mem: MemorySection) -> None:
     swap_cur = r.text(leaf + "/memory.swap.current")
     mem["swap"]["usage_bytes"] = parse_int_file(swap_cur) if swap_cur is not None else None
     stat = parse_flat_keyed(r.text(leaf + "/memory.stat") or "")
-    mem["inactive_file_bytes"] = stat.get("inactive_file")
+    mem["inactive_file_bytes"] = inactive_file(stat, 2)
     mem["shmem_bytes"] = stat.get("shmem")
     # Protections, never caps (cgroup-v2.rst 3-3 "Protections": "A cgroup is protected up to the
     # configured amount of the resource"; 5-2-1 "memory.low": "Best-effort memory protection"): what
@@ -198,7 +206,7 @@ def read_v1(r: Reader, h: Hierarchy, mem: MemorySection) -> list[Charge]:
         mem["swap"]["limit_bytes"] = max(0, memsw - limit)
     usage = r.text(leaf + "/memory.usage_in_bytes")
     mem["usage_bytes"] = parse_int_file(usage) if usage is not None else None
-    mem["inactive_file_bytes"] = stat.get("total_inactive_file", stat.get("inactive_file"))
+    mem["inactive_file_bytes"] = inactive_file(stat, 1)
     mem["shmem_bytes"] = stat.get("total_shmem", stat.get("shmem"))
     oom = r.text(leaf + "/memory.oom_control")
     if oom is not None:
@@ -209,7 +217,7 @@ def read_v1(r: Reader, h: Hierarchy, mem: MemorySection) -> list[Charge]:
             "oom_kill": ev.get("oom_kill"),
             "oom_group_kill": None,
         }
-    return _charges(r, levels, "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"))
+    return _charges(r, levels, "memory.usage_in_bytes", 1)
 
 
 def pressure(text: str, source: str, path: str) -> dict[str, object] | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from oomguard.probes.memcg import Reader, pressure, read_v1, read_v2
 from oomguard.probes.mounts import Mount, mount_for
-from oomguard.probes.parsers import parse_meminfo
+from oomguard.probes.parsers import parse_meminfo, working_set
 from oomguard.report import add_warning, warn_failure
 from oomguard.sources.root import Failure, Root
 from oomguard.units import format_size_precise
@@ -147,15 +147,14 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
         mem["limited_by"] = "meminfo"
         mem["limit_file"] = "/proc/meminfo:MemTotal"
     usage = mem["usage_bytes"]
-    if usage is not None:
-        mem["working_set_bytes"] = max(0, usage - (mem["inactive_file_bytes"] or 0))
-        if mem["effective_bytes"] is not None and usage > mem["effective_bytes"] and mem["limited_by"] != "meminfo":
-            add_warning(
-                warnings,
-                "usage-above-limit",
-                f"usage ({format_size_precise(usage)}) is above the limit "
-                f"({format_size_precise(mem['effective_bytes'])})",
-            )
+    mem["working_set_bytes"] = working_set(usage, mem["inactive_file_bytes"])
+    limit = mem["effective_bytes"]
+    if usage is not None and limit is not None and usage > limit and mem["limited_by"] != "meminfo":
+        add_warning(
+            warnings,
+            "usage-above-limit",
+            f"usage ({format_size_precise(usage)}) is above the limit ({format_size_precise(limit)})",
+        )
 
 
 def _headroom(mem: MemorySection, charges: list[Charge]) -> int | None:

@@ -248,3 +248,24 @@ def has_capability(status: dict[str, str], bit: int, field: str = "CapEff") -> b
         return bool((int(mask, 16) >> bit) & 1) if mask and len(mask) <= 32 else None
     except ValueError:
         return None
+
+
+# The working set: usage - inactive_file (the kubelet's definition, kubernetes#43916), never below
+# 0. Which memory.stat key is inactive_file, by cgroup version: v2 ``inactive_file`` counts the group
+# and its descendants (cgroup-v2.rst, "memory.stat": "Amount of memory ... on the internal memory
+# management lists used by the page reclaim algorithm"); v1 ``total_inactive_file`` is the
+# hierarchical one (cgroup-v1/memory.rst 5.2: "total_<counter>: # hierarchical version of
+# <counter>"), else v1's own ``inactive_file``. shmem (tmpfs, memfd, CUDA's pinned pages) sits on
+# the anon lists, never in inactive_file, so it stays in the working set. The one definition: the
+# probe (probes/memory.py, memcg.py), the run side (counters.py) and the watch use these two.
+INACTIVE_FILE_KEYS = {1: ("total_inactive_file", "inactive_file"), 2: ("inactive_file",)}
+
+
+def inactive_file(stat: dict[str, int], version: int) -> int | None:
+    """The inactive file cache of a parsed ``memory.stat`` (``INACTIVE_FILE_KEYS``); None without one."""
+    return next((stat[k] for k in INACTIVE_FILE_KEYS.get(version, ()) if k in stat), None)
+
+
+def working_set(usage: int | None, inactive: int | None) -> int | None:
+    """usage - inactive_file, never below 0 (an unknown inactive_file counts 0); None without usage."""
+    return None if usage is None else max(0, usage - (inactive or 0))

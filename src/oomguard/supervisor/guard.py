@@ -44,33 +44,22 @@ import os
 import signal
 from typing import TextIO
 
+from oomguard.policy.budget import guard_margin
 from oomguard.probes.counters import MemorySample, read_sample
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import Root
 from oomguard.supervisor.alarm import Alarm
 from oomguard.supervisor.config import NEAR_MARGINS, GuardSettings
 from oomguard.supervisor.members import Outside, outside_memory
-from oomguard.units import MiB, format_size
+from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Report
     from oomguard.supervisor.isolate import Isolation
 
-MARGIN_MIN = 64 * MiB
-MARGIN_RATIO = 0.02
 REARM_RATIO = 0.95
 PRESSURE, HIGH, STOP = "pressure", "high", "stop"
-
-
-def guard_margin(spec: tuple[int | None, float | None], ceiling: int) -> int:
-    """The margin below *ceiling*: the size given, PCT% of the ceiling, or max(64 MiB, 2%)."""
-    size, pct = spec
-    if size is not None:
-        return size
-    if pct is not None:
-        return int(ceiling * pct / 100)
-    return max(MARGIN_MIN, int(ceiling * MARGIN_RATIO))
 
 
 class GuardState:
@@ -235,6 +224,13 @@ class Guard:
         return ("guard: " + ", ".join(parts)) if parts else None
 
 
+def _given_margin(spec: tuple[int | None, float | None], ceiling: int) -> str:
+    size, pct = spec
+    if size is not None:
+        return format_size(size)
+    return f"{pct:g}% of the ceiling" if pct is not None else "max(64 MiB, 2% of the ceiling)"
+
+
 def binding_group(report: Report) -> tuple[str | None, int | None]:
     """(directory, version) of the memory cgroup whose limit is the hard ceiling, else this process's own.
 
@@ -275,10 +271,11 @@ def make_guard(
     if group is None or version is None or ceiling is None:
         stderr.write("oomguard run: guard: no memory cgroup or no ceiling to watch; the guard is off\n")
         return None
-    margin = guard_margin(settings.margin, ceiling)
-    if margin >= ceiling:
+    margin = guard_margin(ceiling, *settings.margin)
+    if margin is None:  # policy.budget.guard_margin: no room under the ceiling, no line to guard
+        given = _given_margin(settings.margin, ceiling)
         stderr.write(
-            f"oomguard run: guard: the guard margin {format_size(margin)} is not below the ceiling "
+            f"oomguard run: guard: the guard margin {given} is not below the ceiling "
             f"{format_size(ceiling)}; the guard is off\n"
         )
         return None
