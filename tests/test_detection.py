@@ -323,3 +323,18 @@ def test_the_probe_the_run_side_and_the_watch_read_one_working_set(
     # v2 counts its own inactive_file (hierarchical already); v1 the total_ one when it is there
     inactive = (own if version == 2 else (total if total is not None else own)) or 0
     assert probed == max(0, usage - inactive)
+
+
+def test_root_text_is_the_one_read_or_warn_step(tmp_path: Path) -> None:
+    """Root.text: the text, or None; a failure other than missing warns, missing only when asked."""
+    root = write(tmp_path, {"ok": "42\n", "dir/x": "1"})
+    warnings: list = []
+    assert root.text("/ok", warnings) == "42\n" and warnings == []
+    assert root.text("/absent", warnings) is None and warnings == []  # absent: no news by default
+    assert root.text("/absent", warnings, lost="MemTotal is unknown", missing=True) is None
+    assert warnings == [{"code": "missing", "message": "/absent does not exist; MemTotal is unknown"}]
+    assert root.text("/dir", warnings) is None  # not a regular file: an error, always warned
+    assert [w["code"] for w in warnings] == ["missing", "unreadable"]
+    assert "its value is ignored" in warnings[1]["message"]
+    assert root.text("/dir") is None  # without warnings: just None
+    assert root.names("/dir") == ["x"] and root.names("/absent") == []

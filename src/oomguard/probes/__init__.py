@@ -11,9 +11,9 @@ from oomguard.probes.memlock import probe_memlock
 from oomguard.probes.memory import probe_memory
 from oomguard.probes.mounts import CgroupEntry, Mount, parse_mountinfo, parse_proc_cgroup
 from oomguard.probes.parsers import parse_int_file, parse_status
-from oomguard.report import SCHEMA_VERSION, add_warning, warn_failure
+from oomguard.report import SCHEMA_VERSION, add_warning
 from oomguard.sources.gpu import DEFAULT_TIMEOUT
-from oomguard.sources.root import Failure, LiveRoot, Root
+from oomguard.sources.root import LiveRoot, Root
 from oomguard.units import format_size_precise
 
 TYPE_CHECKING = False
@@ -38,9 +38,8 @@ def _read_lines(
     warnings: list[WarningEntry],
 ) -> list[T] | None:
     """Read and parse a line-oriented file (None when unreadable); failures and bad lines warn."""
-    text = root.read(path)
-    if isinstance(text, Failure):
-        warn_failure(warnings, text, lost)
+    text = root.text(path, warnings, lost=lost, missing=True)
+    if text is None:
         return None
     items, bad = parse(text)
     if bad:
@@ -84,11 +83,8 @@ def _no_cgroup_warning(entries: list[CgroupEntry] | None, warnings: list[Warning
 
 
 def _read_status(root: Root, warnings: list[WarningEntry]) -> dict[str, str]:
-    text = root.read("/proc/self/status")
-    if isinstance(text, Failure):
-        warn_failure(warnings, text, "capabilities and locked memory are unknown")
-        return {}
-    return parse_status(text)
+    text = root.text("/proc/self/status", warnings, lost="capabilities and locked memory are unknown", missing=True)
+    return {} if text is None else parse_status(text)
 
 
 def _pid(status: dict[str, str]) -> int | None:

@@ -114,8 +114,8 @@ def probe_container(
     if rootfs is not None and rootfs.fstype == "overlay":
         evidence.append("mount: / is an overlay filesystem")  # weak: live systems use overlay too
     runtime = next((r for r in _PRIORITY if r in runtimes), None)
-    release = root.read("/proc/sys/kernel/osrelease")
-    if not isinstance(release, Failure) and ("microsoft" in release.lower() or "wsl" in release.lower()):
+    release = root.text("/proc/sys/kernel/osrelease") or ""
+    if "microsoft" in release.lower() or "wsl" in release.lower():
         evidence.append(f"kernel release: {release.strip()[:80]}")
         runtime = runtime or "wsl"
     hints = {k: env[k][:200] for k in PROVIDER_VARS if k in env}

@@ -29,11 +29,6 @@ SIGKILL_MASK = 1 << (9 - 1)  # signal 9 in a SigPnd/ShdPnd mask: bit N-1 for sig
 PF_EXITING = 0x4  # /proc/PID/stat flags: "getting shut down" (include/linux/sched.h)
 
 
-def _text(root: Root, path: str) -> str | None:
-    text = root.read(path)
-    return None if isinstance(text, Failure) else text
-
-
 def read_oom_kills(root: Root, source: str | None) -> int | None:
     """The ``oom_kill`` counter of *source* (a report's ``memory.oom.source``).
 
@@ -42,7 +37,7 @@ def read_oom_kills(root: Root, source: str | None) -> int | None:
     ``memory.oom_control`` (cgroup-v1/memory.rst, ``oom_kill`` since Linux 4.13) are both
     flat-keyed: ``oom_kill 3``.
     """
-    text = None if source is None else _text(root, source)
+    text = None if source is None else root.text(source)
     return None if text is None else parse_flat_keyed(text).get("oom_kill")
 
 
@@ -50,7 +45,7 @@ def read_usage(root: Root, cgroup_dir: str | None, version: int | None) -> int |
     """Current usage of a memory cgroup: v2 ``memory.current``, v1 ``memory.usage_in_bytes``."""
     if cgroup_dir is None or version is None:
         return None
-    text = _text(root, cgroup_dir + ("/memory.current" if version == 2 else "/memory.usage_in_bytes"))
+    text = root.text(cgroup_dir + ("/memory.current" if version == 2 else "/memory.usage_in_bytes"))
     return None if text is None else parse_int_file(text)
 
 
@@ -60,7 +55,7 @@ def read_peak(root: Root, cgroup_dir: str, version: int) -> int | None:
     v2 ``memory.peak`` (cgroup-v2.rst; Linux >= 5.19, absent before: None), v1
     ``memory.max_usage_in_bytes`` (cgroup-v1/memory.rst, "max memory usage recorded").
     """
-    text = _text(root, cgroup_dir + ("/memory.peak" if version == 2 else "/memory.max_usage_in_bytes"))
+    text = root.text(cgroup_dir + ("/memory.peak" if version == 2 else "/memory.max_usage_in_bytes"))
     return None if text is None else parse_int_file(text)
 
 
@@ -75,7 +70,7 @@ def read_limit(root: Root, cgroup_dir: str, version: int) -> int | None:
     may be rounded ... when read back" (measured on Linux 6.18 v1: rounded down). None when
     unlimited or unreadable.
     """
-    text = _text(root, cgroup_dir + ("/memory.max" if version == 2 else "/memory.limit_in_bytes"))
+    text = root.text(cgroup_dir + ("/memory.max" if version == 2 else "/memory.limit_in_bytes"))
     if text is None:
         return None
     status, n = parse_limit(text)
@@ -84,7 +79,7 @@ def read_limit(root: Root, cgroup_dir: str, version: int) -> int | None:
 
 def read_peak_rss(root: Root, pid: int) -> int | None:
     """``VmHWM`` ("peak resident set size", proc(5)) of ``/proc/PID/status``, in bytes."""
-    text = _text(root, f"/proc/{pid}/status")
+    text = root.text(f"/proc/{pid}/status")
     return None if text is None else status_kb(parse_status(text), "VmHWM")
 
 
@@ -94,19 +89,16 @@ def read_rss_anon(root: Root, pid: int) -> int | None:
     Anonymous memory is never inactive file cache, so a process's ``RssAnon`` is part of its
     group's working set (usage - inactive_file) however the kernel counts the rest.
     """
-    text = _text(root, f"/proc/{pid}/status")
+    text = root.text(f"/proc/{pid}/status")
     return None if text is None else status_kb(parse_status(text), "RssAnon")
 
 
 def read_children(root: Root, pid: int) -> list[int]:
     """The children of *pid*: ``/proc/PID/task/TID/children`` of each thread (proc(5), Linux >= 3.5,
     "a space-separated list of child tasks"); [] where the file is missing."""
-    tasks = root.listdir(f"/proc/{pid}/task")
-    if isinstance(tasks, Failure):
-        return []
     children: list[int] = []
-    for tid in tasks:
-        text = _text(root, f"/proc/{pid}/task/{tid}/children")
+    for tid in root.names(f"/proc/{pid}/task"):
+        text = root.text(f"/proc/{pid}/task/{tid}/children")
         children += sorted(parse_pid_list(text.replace(" ", "\n"))) if text is not None else []
     return children
 
@@ -141,7 +133,7 @@ def read_dying(root: Root, pid: int) -> bool | None:
     stat = root.read(f"/proc/{pid}/stat")
     if isinstance(stat, Failure):
         return True if stat.kind == "missing" else None
-    return parse_dying(stat, _text(root, f"/proc/{pid}/status"))
+    return parse_dying(stat, root.text(f"/proc/{pid}/status"))
 
 
 def parse_ppid(stat: str) -> int | None:
@@ -159,14 +151,11 @@ def parse_ppid(stat: str) -> int | None:
 
 def child_pids(root: Root, parent: int) -> list[int]:
     """PIDs whose parent is *parent*, from the process table (``/proc/[0-9]*/stat``)."""
-    names = root.listdir("/proc")
-    if isinstance(names, Failure):
-        return []
     children = []
-    for name in names:
+    for name in root.names("/proc"):
         if not name.isdigit():
             continue
-        stat = _text(root, f"/proc/{name}/stat")
+        stat = root.text(f"/proc/{name}/stat")
         if stat is not None and parse_ppid(stat) == parent:
             children.append(int(name))
     return children
@@ -198,7 +187,7 @@ def _inactive_file(stat: str | None, version: int) -> int | None:
 def read_working_set(root: Root, cgroup_dir: str, version: int) -> int | None:
     """usage - inactive_file of the memory cgroup *cgroup_dir* now (``parsers.working_set``); None
     when the usage cannot be read. Two files only: what ``MemoryBudget(watch=True)`` samples."""
-    stat = _text(root, cgroup_dir + "/memory.stat")
+    stat = root.text(cgroup_dir + "/memory.stat")
     return working_set(read_usage(root, cgroup_dir, version), _inactive_file(stat, version))
 
 
@@ -212,11 +201,11 @@ def read_sample(root: Root, cgroup_dir: str, version: int) -> MemorySample:
     ``full avg10=0.00 avg60=0.00 avg300=0.00 total=0``, total in microseconds).
     v1 (cgroup-v1/memory.rst): ``memory.usage_in_bytes`` and ``memory.stat``; no events, no PSI.
     """
-    stat = _text(root, cgroup_dir + "/memory.stat")
+    stat = root.text(cgroup_dir + "/memory.stat")
     if version != 2:
         return MemorySample(read_usage(root, cgroup_dir, 1), _inactive_file(stat, 1), {}, None)
-    events = _text(root, cgroup_dir + "/memory.events")
-    psi = _text(root, cgroup_dir + "/memory.pressure")
+    events = root.text(cgroup_dir + "/memory.events")
+    psi = root.text(cgroup_dir + "/memory.pressure")
     full = parse_pressure(psi).get("full", {}) if psi is not None else {}
     return MemorySample(
         read_usage(root, cgroup_dir, 2),

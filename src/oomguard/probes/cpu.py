@@ -14,35 +14,26 @@ from __future__ import annotations
 
 from oomguard.probes.cgroup import Hierarchy
 from oomguard.probes.parsers import MALFORMED, VALUE, parse_cfs, parse_cpu_list, parse_cpu_max
-from oomguard.report import add_warning, warn_failure
-from oomguard.sources.root import Failure, Root
+from oomguard.report import add_warning
+from oomguard.sources.root import Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import CpuSection, WarningEntry
 
 
-def _text(root: Root, path: str, warnings: list[WarningEntry]) -> str | None:
-    t = root.read(path)
-    if isinstance(t, Failure):
-        if t.kind != "missing":
-            warn_failure(warnings, t, "its value is ignored")
-        return None
-    return t
-
-
 def _quota(root: Root, h: Hierarchy, warnings: list[WarningEntry]) -> float | None:
     best: float | None = None
     for d in h.dirs:
         if h.version == 2:
-            t = _text(root, d + "/cpu.max", warnings)
+            t = root.text(d + "/cpu.max", warnings)
             if t is None:
                 continue
             status, q = parse_cpu_max(t)
             what = d + "/cpu.max"
         else:
-            qt = _text(root, d + "/cpu.cfs_quota_us", warnings)
-            pt = _text(root, d + "/cpu.cfs_period_us", warnings)
+            qt = root.text(d + "/cpu.cfs_quota_us", warnings)
+            pt = root.text(d + "/cpu.cfs_period_us", warnings)
             if qt is None or pt is None:
                 continue
             status, q = parse_cfs(qt, pt)
@@ -58,7 +49,7 @@ def _cpuset(root: Root, h: Hierarchy, warnings: list[WarningEntry]) -> int | Non
     names = ("cpuset.cpus.effective",) if h.version == 2 else ("cpuset.effective_cpus", "cpuset.cpus")
     for name in names:
         path = h.leaf + "/" + name
-        t = _text(root, path, warnings)
+        t = root.text(path, warnings)
         if t is None:
             continue
         n = parse_cpu_list(t)
@@ -75,7 +66,7 @@ def probe_cpu(
     cpuset_h: Hierarchy | None,
     warnings: list[WarningEntry],
 ) -> CpuSection:
-    online_text = _text(root, "/sys/devices/system/cpu/online", warnings)
+    online_text = root.text("/sys/devices/system/cpu/online", warnings)
     online = parse_cpu_list(online_text) if online_text is not None else None
     affinity = parse_cpu_list(status["Cpus_allowed_list"]) if "Cpus_allowed_list" in status else None
     quota = _quota(root, cpu_h, warnings) if cpu_h is not None and cpu_h.found else None

@@ -22,8 +22,8 @@ from oomguard.probes.parsers import (
     working_set,
 )
 from oomguard.probes.parsers import parse_pressure as _parse_pressure
-from oomguard.report import add_warning, warn_failure
-from oomguard.sources.root import Failure, Root
+from oomguard.report import add_warning
+from oomguard.sources.root import Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,13 +43,7 @@ class Reader:
     def text(self, path: str) -> str | None:
         if path in self._cache:
             return self._cache[path]
-        t = self.root.read(path)
-        if isinstance(t, Failure):
-            if t.kind != "missing":
-                warn_failure(self.warnings, t, "its value is ignored")
-            self._cache[path] = None
-            return None
-        self._cache[path] = t
+        self._cache[path] = t = self.root.text(path, self.warnings)
         return t
 
     def limit(self, path: str) -> tuple[str, int | None]:

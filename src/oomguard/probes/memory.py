@@ -18,8 +18,8 @@ from __future__ import annotations
 from oomguard.probes.memcg import Reader, pressure, read_v1, read_v2
 from oomguard.probes.mounts import Mount, mount_for
 from oomguard.probes.parsers import parse_meminfo, working_set
-from oomguard.report import add_warning, warn_failure
-from oomguard.sources.root import Failure, Root
+from oomguard.report import add_warning
+from oomguard.sources.root import Root
 from oomguard.units import format_size_precise
 
 TYPE_CHECKING = False
@@ -30,9 +30,8 @@ if TYPE_CHECKING:
 
 
 def read_meminfo(root: Root, warnings: list[WarningEntry]) -> dict[str, int]:
-    text = root.read("/proc/meminfo")
-    if isinstance(text, Failure):
-        warn_failure(warnings, text, "the host's RAM is unknown")
+    text = root.text("/proc/meminfo", warnings, lost="the host's RAM is unknown", missing=True)
+    if text is None:
         return {}
     info = parse_meminfo(text)
     if not info.get("MemTotal"):

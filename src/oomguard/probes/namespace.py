@@ -27,7 +27,6 @@ up through (else the common ancestor would be lower). Comparing (u_path, names) 
 from __future__ import annotations
 
 from oomguard.probes.parsers import parse_pid_list
-from oomguard.sources.root import Failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -76,11 +75,8 @@ def locate(path: str, mount_root: str) -> tuple[str, list[str], int]:
 
 
 def _subgroups(root: Root, d: str) -> list[str]:
-    names = root.listdir(d)
-    if isinstance(names, Failure):
-        return []
     base = d.rstrip("/")
-    return [f"{base}/{n}" for n in names if root.exists(f"{base}/{n}/cgroup.procs")]
+    return [f"{base}/{n}" for n in root.names(d) if root.exists(f"{base}/{n}/cgroup.procs")]
 
 
 def _candidates(root: Root, top: str, depth: int) -> list[str] | None:
@@ -115,8 +111,8 @@ def find_hidden_group(
     tail = "".join("/" + n for n in names)
     found = []
     for g in groups:
-        text = root.read(f"{g}{tail}/cgroup.procs")
-        if not isinstance(text, Failure) and pid in parse_pid_list(text):
+        text = root.text(f"{g}{tail}/cgroup.procs")
+        if text is not None and pid in parse_pid_list(text):
             found.append(g + tail)
     if len(found) == 1:
         return found[0], ""

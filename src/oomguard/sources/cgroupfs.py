@@ -29,7 +29,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from oomguard.sources.root import Failure, Root
+from oomguard.sources.root import Root
 
 
 class CgroupFS:
@@ -148,15 +148,14 @@ def consume_notification(fd: int, version: int) -> bool:
 
 def group_pids(root: Root, path: str) -> list[int]:
     """The PIDs in *path*'s ``cgroup.procs``, one a line (0: a process outside this PID namespace)."""
-    text = root.read(path + "/cgroup.procs")
-    return [] if isinstance(text, Failure) else [int(w) for w in text.split() if w.isascii() and w.isdigit()]
+    text = root.text(path + "/cgroup.procs") or ""
+    return [int(w) for w in text.split() if w.isascii() and w.isdigit()]
 
 
 def group_tree(root: Root, path: str) -> list[str]:
     """*path* and every group below it, deepest first (a group is a directory with ``cgroup.procs``)."""
-    names = root.listdir(path)
     below: list[str] = []
-    for name in [] if isinstance(names, Failure) else names:
+    for name in root.names(path):
         sub = os.path.join(path, name)
         if root.exists(sub + "/cgroup.procs"):
             below += group_tree(root, sub)

@@ -19,6 +19,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from oomguard._types import WarningEntry
+
 MAX_FILE_BYTES = 1 << 20  # no file the probe reads is anywhere near this
 
 
@@ -59,6 +61,31 @@ class Root:
     def listdir(self, path: str) -> list[str] | Failure:
         """The names in directory *path*, sorted (``run`` lists /proc to find orphans)."""
         raise NotImplementedError
+
+    def text(
+        self, path: str, warnings: list[WarningEntry] | None = None, *, lost: str = "", missing: bool = False
+    ) -> str | None:
+        """The text of *path*, or None when it cannot be read: the one "read, or warn and go on" step.
+
+        With *warnings*, a failed read becomes a warning (``report.warn_failure``: ``unreadable``,
+        or ``missing`` when *missing* says an absent file is news), saying what is *lost* (default
+        "its value is ignored"). Without *warnings*, a failure is just None: the caller has nothing
+        to add (the run side's samples, a group that is gone). Use ``read()`` where the kind of
+        failure decides something.
+        """
+        text = self.read(path)
+        if not isinstance(text, Failure):
+            return text
+        if warnings is not None and (missing or text.kind != "missing"):
+            from oomguard.report import warn_failure
+
+            warn_failure(warnings, text, lost or "its value is ignored")
+        return None
+
+    def names(self, path: str) -> list[str]:
+        """``listdir(path)``, or [] when it cannot be listed (a group or process that is gone)."""
+        found = self.listdir(path)
+        return [] if isinstance(found, Failure) else found
 
     def readlink(self, path: str) -> str | Failure:
         """The text of symbolic link *path* (``/proc/self/ns/pid`` reads ``pid:[4026531836]``).

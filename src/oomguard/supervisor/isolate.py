@@ -80,8 +80,8 @@ def _has_memory(root: Root, path: str) -> bool:
     a group's ``cgroup.subtree_control`` is enabled in its children; only those listed in its
     ``cgroup.controllers`` can be enabled there.
     """
-    text = root.read(path)
-    return not isinstance(text, Failure) and "memory" in text.split()
+    text = root.text(path)
+    return text is not None and "memory" in text.split()
 
 
 def _delegate_v2(root: Root, fs: CgroupFS, group: str) -> str | None:
@@ -174,9 +174,8 @@ def reap_leftovers(report: Report, root: Root, fs: CgroupFS) -> list[str]:
     if cg["dir"] is None:
         return []
     group = _home(cg["dir"])
-    names = root.listdir(group)
     notes = []
-    for name in [] if isinstance(names, Failure) else names:
+    for name in root.names(group):
         pid, path = _run_pid(name), os.path.join(group, name)
         gone = None if pid is None else _supervisor_gone(root, pid)
         if gone is None or not root.exists(path + "/cgroup.procs"):

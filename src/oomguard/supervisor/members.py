@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 from oomguard.probes.counters import read_dying, read_rss_anon
 from oomguard.probes.parsers import parse_pid_list
-from oomguard.sources.root import Failure, Root
+from oomguard.sources.root import Root
 
 MAX_GROUPS = 256  # groups walked below a v2 group; more, and the membership is unknown
 MAX_DEPTH = 64  # parent links followed from one process
@@ -79,10 +79,7 @@ def _group_dirs(root: Root, top: str, version: int) -> list[str] | None:
     dirs, todo = [top], [top] if version == 2 else []
     while todo:
         here = todo.pop()
-        names = root.listdir(here)
-        if isinstance(names, Failure):
-            continue
-        for name in names:
+        for name in root.names(here):
             sub = f"{here}/{name}"
             if root.exists(sub + "/cgroup.procs"):
                 dirs.append(sub)
@@ -94,8 +91,8 @@ def _group_dirs(root: Root, top: str, version: int) -> list[str] | None:
 
 def _ids(root: Root, pid: int, cache: dict[int, tuple[int, int] | None]) -> tuple[int, int] | None:
     if pid not in cache:
-        text = root.read(f"/proc/{pid}/stat")
-        cache[pid] = None if isinstance(text, Failure) else parse_stat_ids(text)
+        text = root.text(f"/proc/{pid}/stat")
+        cache[pid] = None if text is None else parse_stat_ids(text)
     return cache[pid]
 
 
@@ -125,8 +122,8 @@ def outsiders(root: Root, group_dir: str | None, version: int | None, me: int) -
     unseen = 0
     cache: dict[int, tuple[int, int] | None] = {}
     for d in dirs:
-        text = root.read(d + "/cgroup.procs")
-        if isinstance(text, Failure):
+        text = root.text(d + "/cgroup.procs")
+        if text is None:
             if d == group_dir:
                 return None
             continue  # a group below removed meanwhile
