@@ -87,7 +87,7 @@ def make_jobs(seed: int, n: int) -> list[dict[str, Any]]:
 def make_budget(admit: str, total: int, guard_margin: str, warmup: str | None) -> Any:
     from oomguard import MemoryBudget
     from oomguard.policy.budget import probe
-    from oomguard.policy.watch import Watch
+    from oomguard.runtime.watch import Watch
     from oomguard.sources.root import LiveRoot
 
     if admit == "static":
@@ -160,7 +160,7 @@ class Peak(threading.Thread):
         self.group_dir, self.version, self.peak, self.stop = str(group_dir), version, 0, threading.Event()
 
     def run(self) -> None:
-        from oomguard.policy.watch import read_working_set
+        from oomguard.runtime.watch import read_working_set
         from oomguard.sources.root import LiveRoot
 
         root = LiveRoot()

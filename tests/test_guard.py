@@ -31,7 +31,8 @@ from oomguard.supervisor.adapt import Adaptation
 from oomguard.supervisor.alarm import Alarm
 from oomguard.supervisor.config import GuardSettings, parse_signal, settings_from
 from oomguard.supervisor.exits import Evidence, classify, pressure_stopped
-from oomguard.supervisor.guard import HIGH, PRESSURE, STOP, Guard, GuardState, binding_group
+from oomguard.supervisor.guard import Guard, binding_group
+from oomguard.supervisor.guard_state import HIGH, PRESSURE, STOP, GuardState
 from oomguard.supervisor.isolate import Isolation
 from oomguard.supervisor.waiting import FAST_QUIET, exit_waiter
 from tests.conftest import REPO

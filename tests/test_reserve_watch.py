@@ -17,8 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard import MemoryBudget, Reservation
+from oomguard.policy.admission import MAX_OVERSHOOT
 from oomguard.policy.budget import guard_margin
-from oomguard.policy.watch import MAX_OVERSHOOT, Watch, read_working_set
+from oomguard.runtime.watch import Watch, read_working_set
 from oomguard.sources.root import DirRoot
 from tests.conftest import REPO
 from tests.helpers.trees import make_tree
@@ -254,7 +255,7 @@ def test_overshoot_is_learned_and_capped() -> None:
 
 def test_a_one_sample_spike_teaches_nothing() -> None:
     """A release sampled before its memory is freed: one sample, not two in a row."""
-    from oomguard.policy.watch import Admission
+    from oomguard.policy.admission import Admission
 
     adm = Admission(Watch(Box(0), 1600, margin_bytes=0, learn=True, warmup_bytes=0))
     adm.observe(100, 0, 10_000)  # the baseline

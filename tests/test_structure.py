@@ -47,7 +47,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 
 CORE = frozenset(f"{PACKAGE}.{m}" for m in ("errors", "units", "report", "times", "_types", "_version", "nodes"))
 TOP = frozenset({PACKAGE, f"{PACKAGE}.__main__", f"{PACKAGE}.cli"})
-LAYERS = ("core", "sources", "probes", "policy", "supervisor", "verify", "agent", "commands", "top")
+LAYERS = ("core", "sources", "probes", "policy", "runtime", "supervisor", "verify", "agent", "commands", "top")
 RANK = {name: i for i, name in enumerate(LAYERS)}
 # The one lazy bridge into the optional extra (cli.py until commands/manager.py takes over).
 ALLOWED_MANAGER_IMPORTERS = frozenset({f"{PACKAGE}.cli", f"{PACKAGE}.commands.manager"})

@@ -82,7 +82,7 @@ MUTATIONS = (
     ),
     Mutation(
         "guard-stop-line",
-        "src/oomguard/supervisor/guard.py",
+        "src/oomguard/supervisor/guard_state.py",
         "if ws >= self.stop_line:",
         "if ws > self.stop_line:",
         (BOUNDARIES,),

@@ -38,9 +38,9 @@ __all__ = [
 
 _LAZY = {
     "probe": "policy.budget",
-    "MemoryBudget": "policy.reserve",
-    "Reservation": "policy.reserve",
-    "ReservationTooLarge": "policy.reserve",
+    "MemoryBudget": "runtime.reserve",
+    "Reservation": "runtime.reserve",
+    "ReservationTooLarge": "runtime.reserve",
     "Shape": "policy.plan",
     "make_plan": "policy.plan",
     "resolve_budget": "policy.budget",
@@ -57,7 +57,7 @@ _LAZY = {
     "BadParameter": "errors",
     "SnapshotError": "errors",
     "ThresholdError": "errors",
-    "Watch": "policy.watch",
+    "Watch": "runtime.watch",
 }
 
 TYPE_CHECKING = False
@@ -67,9 +67,9 @@ if TYPE_CHECKING:
     from oomguard.errors import BadParameter, OomguardError, SnapshotError, ThresholdError, UsageError
     from oomguard.policy.budget import probe, resolve_budget
     from oomguard.policy.plan import Shape, make_plan
-    from oomguard.policy.reserve import MemoryBudget, Reservation, ReservationTooLarge
-    from oomguard.policy.watch import Watch
     from oomguard.probes.capture import capture
+    from oomguard.runtime.reserve import MemoryBudget, Reservation, ReservationTooLarge
+    from oomguard.runtime.watch import Watch
     from oomguard.sources.root import LiveRoot, Root, open_root
     from oomguard.units import format_size, parse_size
 

@@ -12,7 +12,7 @@ Semantics:
   requests (in order) before it returns; a waiter checks its own ``granted`` flag, never a
   condition it might have missed.
 
-Watched admission (``watch=True`` or a ``Watch``; policy/watch.py): a daemon thread samples
+Watched admission (``watch=True`` or a ``Watch``; runtime/watch.py): a daemon thread samples
 the working set of this process's memory cgroup every ~100 ms, and a request is granted only
 when it also fits under the hard ceiling minus a guard margin (the rule: ``Admission``).
 Waiting requests are re-evaluated after every sample, in order (the head still blocks those
@@ -29,7 +29,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from oomguard.errors import BudgetUnknownError
-from oomguard.policy.watch import DEFAULT_INTERVAL, Admission, SamplerThread, Watch, sample_once
+from oomguard.policy.admission import Admission
+from oomguard.runtime.watch import DEFAULT_INTERVAL, SamplerThread, Watch, sample_once
 
 if TYPE_CHECKING:
     import asyncio
