@@ -50,7 +50,12 @@ def test_docker_like_private_namespace(group: GroupFactory) -> None:
     assert (cg["path"], cg["mount_root"], cg["dir"]) == ("/", "/", "/sys/fs/cgroup")
     assert cg["ancestors_visible"] is False  # the namespace root is all it can see
     assert cg["levels"] == [{"dir": "/sys/fs/cgroup", "max_bytes": 300 * MiB, "high_bytes": None}]
-    assert warning_codes(report) == []
+    # what is above the namespace root cannot be seen, and is said so although the group has a limit
+    assert warning_codes(report) == ["limit-may-be-hidden"]
+    # no marker file or variable: the private cgroup namespace alone shows it is a container
+    container = report["container"]
+    assert (container["in_container"], container["runtime"]) == (True, "container-other")
+    assert any(e.startswith("namespace: /proc/self/ns/cgroup is cgroup:[") for e in container["evidence"])
 
 
 def test_namespace_without_remount_sees_the_mount_root_as_dotdot(group: GroupFactory) -> None:
