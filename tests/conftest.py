@@ -14,11 +14,12 @@ settings.load_profile("oomguard")
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
+pytest_plugins = ["tests.helpers.dashboard", "tests.helpers.fleet"]  # shared fixtures: browser, fleet, big
 
 # Markers for the parts that need more than this checkout and Python (pyproject.toml registers
 # them; CONTRIBUTING.md lists them; `make test-fast` deselects all four). Given here, by what a
 # test uses, so a new test is marked by the fixture it asks for, not by remembering a decorator.
-BROWSER_FIXTURES = frozenset({"browser"})  # headless Chromium (tests/test_dashboard.py)
+BROWSER_FIXTURES = frozenset({"browser"})  # headless Chromium (tests/helpers/dashboard.py)
 POSTGRES_FIXTURES = frozenset({"pg", "own_pg"})  # a real PostgreSQL server (tests/pg.py)
 
 

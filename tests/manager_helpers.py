@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import json
 import os
 import signal
@@ -14,10 +15,13 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.conftest import FIXTURES, REPO
 from tests.pg import PostgresServer
+
+if TYPE_CHECKING:
+    from oomguard.manager.store import Store
 
 AGENT = "agent-secret-token"
 VIEWER = "viewer-secret-token"
@@ -145,6 +149,42 @@ def local_client(app: Any) -> Any:
 
 def envelope(node: str, report: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"node": node, "id": uuid.uuid4().hex, "report": report, **extra}
+
+
+class Clock:
+    """The manager's clock (epoch ms), moved by the test."""
+
+    def __init__(self, t: int) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def make_store(url: str, clock: Clock, **kw: Any) -> Store:
+    """The manager's store on *url*, in process, on the test's *clock*."""
+    from oomguard.manager.db import make_engine
+    from oomguard.manager.store import Store
+
+    return Store(make_engine(url), clock=clock, **kw)
+
+
+@functools.cache
+def _default_report() -> dict[str, Any]:
+    return fixture_report()  # probed once, on first use
+
+
+def ingest(store: Store, node: str, *, agent_ms: int | None = None, ingest_id: str | None = None, **extra: Any) -> bool:
+    """One report of *node* into *store* as the API would hand it over (``report=`` in *extra*:
+    that report instead of the default fixture's); whether it was stored (False: a duplicate)."""
+    import asyncio
+
+    from oomguard.manager.bodies import ReportEnvelope
+
+    body = envelope(node, extra.pop("report") if "report" in extra else _default_report(), **extra)
+    body["id"] = ingest_id or body["id"]
+    env = ReportEnvelope.model_validate(body)
+    return asyncio.run(store.ingest_report_async(env, json.dumps(env.report), agent_ms))
 
 
 def free_port() -> int:

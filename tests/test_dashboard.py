@@ -1,47 +1,28 @@
-"""The dashboard in a real browser: headless Chromium (Debian's package) driven by Playwright."""
+"""The dashboard in a real browser: headless Chromium (Debian's package) driven by Playwright (the
+``browser`` fixture and the page helpers: ``tests/helpers/dashboard.py``)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import REPO
-from tests.manager_helpers import AGENT_H, VIEWER, ManagerProcess, fixture_report
+from tests.helpers.dashboard import HAVE_BROWSER, Watch, api, logged_in, needs_browser, rows, shot
+from tests.manager_helpers import VIEWER, ManagerProcess, fixture_report
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = REPO / "test-artifacts"
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
 HOSTILE = "<script>alert(1)</script>"
 
-try:
-    from playwright.sync_api import Browser, Page, sync_playwright
-except ImportError:  # pragma: no cover - the dev extra installs it
-    sync_playwright = None  # type: ignore[assignment]
-
-pytestmark = pytest.mark.skipif(
-    sync_playwright is None or not os.path.exists(CHROMIUM),
-    reason="needs Playwright (dev extra) and Debian's chromium (scripts/system-deps.sh installs it)",
-)
-if sync_playwright is None or not os.path.exists(CHROMIUM):
+pytestmark = needs_browser
+if not HAVE_BROWSER:
     print("\nSKIP browser tests: Playwright or /usr/bin/chromium missing", file=sys.stderr)
-
-
-def api(server: ManagerProcess, path: str, body: dict[str, Any]) -> None:
-    req = urllib.request.Request(
-        server.url + path,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={**AGENT_H, "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
 
 
 @pytest.fixture(scope="module")
@@ -70,60 +51,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagerProcess]
     )
     yield s
     s.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        yield b
-        b.close()
-
-
-class Watch:
-    """Console errors, page errors and dialogs (an alert() would be one) of a page."""
-
-    def __init__(self, page: Page) -> None:
-        self.errors: list[str] = []
-        self.dialogs: list[str] = []
-        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append(str(e)))
-        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def logged_in(browser: Browser, server: ManagerProcess, **context: Any) -> tuple[Page, Watch]:
-    page = browser.new_context(**context).new_page()
-    watch = Watch(page)
-    page.goto(server.url + "/")
-    assert "/login" in page.url  # pages need the viewer token too
-    shot(page, "login")
-    page.fill("input[name=token]", "wrong")
-    page.click("button[type=submit]")
-    assert page.locator("p.bad").inner_text() == "That token is not valid."
-    page.fill("input[name=token]", VIEWER)
-    page.click("button[type=submit]")
-    page.wait_for_selector("table.nodes")
-    return page, watch
-
-
-def rows(page: Page) -> list[str]:
-    return page.locator("table.nodes tbody tr td:first-child").all_inner_texts()
 
 
 def test_dashboard_lists_sorts_filters_pages(browser: Browser, server: ManagerProcess) -> None:

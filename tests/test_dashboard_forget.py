@@ -3,7 +3,6 @@ name typed again and the operator's admin token), a wrong name, a wrong token (4
 node leaves the table, a one-line notice once), no admin token configured (a disabled button),
 and requests that did not come from the manager's own form (403), with and without script."""
 
-# ruff: noqa: F811  (the browser fixture is imported from test_dashboard and named by each test)
 from __future__ import annotations
 
 import html
@@ -13,14 +12,19 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from oomguard.manager.web.forget import forget_token
+from tests.helpers.dashboard import Watch, api, needs_browser, rows, shot
+from tests.helpers.fleet import PHONE, WIDE
 from tests.manager_helpers import VIEWER, ManagerProcess, fixture_report
-from tests.test_dashboard import Browser, Page, Watch, api, browser, pytestmark, rows, shot  # noqa: F401
-from tests.test_dashboard_fleet import PHONE, WIDE
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+pytestmark = needs_browser
 
 ADMIN = "admin-secret-token-0123"
 CROSS_SITE_LINE = "This request did not come from this manager's own form; open the node's page and try again."

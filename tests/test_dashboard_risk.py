@@ -5,21 +5,20 @@ the chart's ranges and pressure-stop markers on the node page. At 20 nodes (thro
 
 Every number checked here is computed from the data the fixtures posted, not read back from the
 manager: ``working_set``/``pct_text`` and ``big_working_set``/``big_exits`` in
-``tests/test_dashboard_fleet.py``."""
+``tests/helpers/fleet.py``."""
 
-# ruff: noqa: F811  (the fixtures are imported and named by each test)
 from __future__ import annotations
 
 import re
 import time
 import urllib.parse
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.manager_helpers import ManagerProcess
-from tests.test_dashboard import Browser, Page, browser, logged_in, pytestmark, rows, shot  # noqa: F401
-from tests.test_dashboard_fleet import (  # noqa: F401
+from tests.helpers.dashboard import fits, logged_in, needs_browser, rows, shot
+from tests.helpers.fleet import (
     BIG,
     BIG_RUN_ONLY,
     LIMIT,
@@ -29,14 +28,17 @@ from tests.test_dashboard_fleet import (  # noqa: F401
     RUN_ONLY,
     WIDE,
     MiB,
-    big,
     big_exits,
     big_working_set,
-    fits,
-    fleet,
     pct_text,
     working_set,
 )
+from tests.manager_helpers import ManagerProcess
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+pytestmark = needs_browser
 
 VIEWS = {"wide": WIDE, "phone": PHONE}
 

@@ -264,7 +264,7 @@ def test_the_guard_signals_and_sets_memory_high(tmp_path: Path, sleeper: tuple[s
     write_tree(tree, {group + "/memory.current": f"{450 * MiB}\n"})
     assert g.tick() is True and g.tick() is False  # stop once
     assert g.fields() == {"guard_margin_bytes": 64 * MiB, "working_set_peak_bytes": 450 * MiB}
-    assert g.story() == "guard: the working set reached the budget 1 time(s), memory.high events +3"
+    assert g.summary() == "guard: the working set reached the budget 1 time(s), memory.high events +3"
 
 
 # -- the whole supervisor over a fake tree ---------------------------------------------------------
@@ -547,7 +547,7 @@ def test_a_v1_threshold_follows_the_page_cache_but_not_every_sample(tmp_path: Pa
 
     alarm.arm(700 * MiB, 80 * MiB, 10 * MiB)  # usage = stop line + inactive file cache
     assert alarm.failure is None and registered() == 710 * MiB
-    assert alarm.take_notes() == [
+    assert alarm.pop_notes() == [
         f"{group} has no memory.pressure_level: no wake-up while the group reclaims at its limit"
     ]
     first = alarm.fd
@@ -616,7 +616,7 @@ def test_the_kernel_wakes_the_guard_as_usage_crosses_the_threshold(group: Group)
     alarm = Alarm(LiveRoot(), CgroupFS(), str(group.dir), 1)
     alarm.arm(200 * MiB, 10 * MiB, 0)
     assert alarm.failure is None and alarm.fd is not None and alarm.threshold == 200 * MiB
-    assert alarm.reclaim is not None and alarm.take_notes() == []  # memory.pressure_level listened to as well
+    assert alarm.reclaim is not None and alarm.pop_notes() == []  # memory.pressure_level listened to as well
     code = "import time\nc = []\nfor i in range(75):\n    c.append(b'x' * (4 << 20)); time.sleep(0.02)\n"
     child = subprocess.Popen(["/bin/sh", "-c", f'echo $$ > "{group.dir}/cgroup.procs" && exec "$@"', "sh", PY,
                               "-S", "-c", code])  # fmt: skip

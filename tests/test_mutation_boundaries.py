@@ -27,8 +27,7 @@ from oomguard.probes.counters import MemorySample
 from oomguard.sources.root import DirRoot
 from oomguard.supervisor.guard import PRESSURE, STOP, GuardState
 from tests.conftest import FIXTURES
-from tests.manager_helpers import migrated_db
-from tests.test_retention import Clock, ingest, make_store
+from tests.manager_helpers import Clock, ingest, make_store, migrated_db
 
 MiB = 1024**2
 GiB = 1024**3

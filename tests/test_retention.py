@@ -14,17 +14,16 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select, text
 
-from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
+from oomguard.manager.bodies import EventEnvelope
 from oomguard.manager.db import current_revision, events, make_engine, migrate, nodes, reports
 from oomguard.manager.retention import HOUR_MS, LOCK_KEY
 from oomguard.manager.store import Store
 from oomguard.manager.times import iso_ms
-from tests.manager_helpers import envelope, fixture_report, migrated_db, pg_or_skip
+from tests.manager_helpers import Clock, fixture_report, ingest, make_store, migrated_db, pg_or_skip
 from tests.pg import PostgresServer
 
 MIN_MS = 60_000
 DAY_MS = 24 * HOUR_MS
-REPORT = fixture_report()
 
 
 @pytest.fixture(scope="module")
@@ -35,27 +34,6 @@ def pg() -> PostgresServer:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return migrated_db(request.param, tmp_path, "r_")
-
-
-class Clock:
-    """The manager's clock (epoch ms), moved by the test."""
-
-    def __init__(self, t: int) -> None:
-        self.t = t
-
-    def __call__(self) -> int:
-        return self.t
-
-
-def make_store(url: str, clock: Clock, **kw: Any) -> Store:
-    return Store(make_engine(url), clock=clock, **kw)
-
-
-def ingest(store: Store, node: str, *, agent_ms: int | None = None, ingest_id: str | None = None, **extra: Any) -> bool:
-    body = envelope(node, extra.pop("report", REPORT), **extra)
-    body["id"] = ingest_id or body["id"]
-    env = ReportEnvelope.model_validate(body)
-    return asyncio.run(store.ingest_report_async(env, json.dumps(env.report), agent_ms))
 
 
 def event(store: Store, node: str, ingest_id: str, **fields: Any) -> bool:

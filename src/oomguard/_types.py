@@ -4,7 +4,16 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Literal, TypedDict
+
+# The closed sets of the report (schema.json's enums), so mypy catches a value outside them.
+MemoryLimitedBy = Literal["cgroup-v2", "cgroup-v1", "meminfo"]
+CpuLimitedBy = Literal["online", "affinity", "cpuset", "quota"]
+Runtime = Literal["docker", "podman", "kubernetes", "lxc", "wsl", "container-other"]
+GpuDriverStatus = Literal["ok", "no-driver", "skipped", "failed"]
+BudgetSource = Literal["auto", "explicit", "env"]
+PinMethod = Literal["cuda", "mlock", "rdma"]
+PlanBinding = Literal["memory", "memlock", "gpu", "max_jobs", "cpu"]
 
 
 class WarningEntry(TypedDict):
@@ -53,7 +62,7 @@ class OomSection(TypedDict):
 
 class MemorySection(TypedDict):
     effective_bytes: int | None
-    limited_by: str | None
+    limited_by: MemoryLimitedBy | None
     limit_file: str | None
     host_total_bytes: int | None
     host_available_bytes: int | None
@@ -86,7 +95,7 @@ class MemlockSection(TypedDict):
 
 class CpuSection(TypedDict):
     effective_cpus: float | None
-    limited_by: str | None
+    limited_by: CpuLimitedBy | None
     online_cpus: int | None
     affinity_cpus: int | None
     cpuset_cpus: int | None
@@ -95,7 +104,7 @@ class CpuSection(TypedDict):
 
 class ContainerSection(TypedDict):
     in_container: bool
-    runtime: str | None
+    runtime: Runtime | None
     evidence: list[str]
     provider: str | None
     provider_hints: dict[str, str]
@@ -134,7 +143,7 @@ class GpuVisibility(TypedDict):
 
 
 class GpuDriverSection(TypedDict):
-    status: str
+    status: GpuDriverStatus
     source: str | None
     driver_version: str | None
     cuda_version: str | None
@@ -143,7 +152,7 @@ class GpuDriverSection(TypedDict):
 
 class BudgetSection(TypedDict):
     bytes: int | None
-    source: str | None
+    source: BudgetSource | None
     basis_bytes: int | None
     safety_margin_bytes: int | None
     requested: str | None
@@ -165,7 +174,7 @@ class PlanShape(TypedDict):
     baseline_bytes: int
     pinned_per_job_bytes: int | None
     pinned_baseline_bytes: int
-    pin_method: str
+    pin_method: PinMethod
     gpu_per_job_bytes: int | None
     max_jobs: int | None
     cpus_per_job: float | None

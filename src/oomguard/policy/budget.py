@@ -40,7 +40,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from oomguard._types import BudgetSection, Report
+    from oomguard._types import BudgetSection, BudgetSource, Report
 
 ENV_BUDGET = "OOMGUARD_BUDGET"
 ENV_ALLOW_OVER_LIMIT = "OOMGUARD_ALLOW_OVER_LIMIT"
@@ -105,7 +105,8 @@ def resolve_budget(
     """
     env = env or {}
     if budget is not None and budget.strip().lower() != "auto":
-        requested, what, source = budget, "--budget", "explicit"
+        source: BudgetSource = "explicit"
+        requested, what = budget, "--budget"
     elif budget is None and env.get(ENV_BUDGET, "").strip() and env[ENV_BUDGET].strip().lower() != "auto":
         requested, what, source = env[ENV_BUDGET], ENV_BUDGET, "env"
     else:

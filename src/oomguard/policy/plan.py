@@ -23,7 +23,7 @@ from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import Plan, PlanCapacity, PlanShape, Report, WarningEntry
+    from oomguard._types import PinMethod, Plan, PlanCapacity, PlanShape, Report, WarningEntry
 
 CONSTRAINTS = ("memory", "memlock", "gpu", "max_jobs", "cpu")
 # CPU quotas are fractions (cgroup-v2.rst "cpu.max": "$MAX $PERIOD", so "70000 100000" is 0.7):
@@ -58,7 +58,7 @@ SHAPE_FIELDS = (
 #   here (no GPU on this project's machines): ``check --probe-pinned`` and bench/gpu_check.sh
 #   record VmLck, RssShmem and the cgroup's shmem around a real cudaHostAlloc where one exists.
 #   The memory is charged to the memory cgroup, so it is part of the budget, never of memlock.
-PIN_METHODS = ("cuda", "mlock", "rdma")
+PIN_METHODS: tuple[PinMethod, ...] = ("cuda", "mlock", "rdma")
 MEMLOCK_METHODS = frozenset({"mlock", "rdma"})
 DEFAULT_PIN_METHOD = "mlock"  # hand-given --pinned-* flags keep their old meaning
 
@@ -97,7 +97,7 @@ class Shape:
         self.baseline = baseline
         self.pinned_per_job = pinned_per_job
         self.pinned_baseline = pinned_baseline
-        self.pin_method = pin_method
+        self.pin_method: PinMethod = next(m for m in PIN_METHODS if m == pin_method)
         self.gpu_per_job = gpu_per_job
         self.max_jobs = max_jobs
         self.cpus_per_job = cpus_per_job

@@ -24,10 +24,10 @@ from oomguard.sources.root import Failure, Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import ContainerSection
+    from oomguard._types import ContainerSection, Runtime
 
 # Substrings of a cgroup path that only a container's group has (not docker.service).
-_PATH_MARKERS = (
+_PATH_MARKERS: tuple[tuple[str, Runtime | None], ...] = (
     ("kubepods", "kubernetes"),
     ("libpod", "podman"),
     ("/docker/", "docker"),
@@ -37,7 +37,7 @@ _PATH_MARKERS = (
     ("cri-containerd", None),
     ("crio-", None),
 )
-_ENV_RUNTIMES = {
+_ENV_RUNTIMES: dict[str, Runtime | None] = {
     "docker": "docker",
     "podman": "podman",
     "oci": None,
@@ -46,7 +46,7 @@ _ENV_RUNTIMES = {
     "systemd-nspawn": None,
     "kubernetes": "kubernetes",
 }
-_PRIORITY = ("kubernetes", "podman", "docker", "lxc", "container-other")
+_PRIORITY: tuple[Runtime, ...] = ("kubernetes", "podman", "docker", "lxc", "container-other")
 PROVIDER_VARS = ("VAST_CONTAINERLABEL", "CONTAINER_ID")
 # (link, name, the initial namespace's inode): include/linux/proc_ns.h.
 INITIAL_NAMESPACES = (("/proc/self/ns/pid", "PID", 0xEFFFFFFC), ("/proc/self/ns/cgroup", "cgroup", 0xEFFFFFFB))
@@ -78,10 +78,10 @@ def probe_container(
     root: Root, env: dict[str, str], entries: list[CgroupEntry], mounts: list[Mount]
 ) -> ContainerSection:
     evidence: list[str] = []
-    runtimes: set[str] = set()
+    runtimes: set[Runtime] = set()
     container = False
 
-    def saw(what: str, runtime: str | None) -> None:
+    def saw(what: str, runtime: Runtime | None) -> None:
         nonlocal container
         container = True
         evidence.append(what)
@@ -101,9 +101,9 @@ def probe_container(
         if e.path in seen_paths:
             continue
         seen_paths.add(e.path)
-        for marker, runtime in _PATH_MARKERS:
+        for marker, named in _PATH_MARKERS:
             if marker in e.path:
-                saw(f"cgroup path: {e.path[:200]}", runtime)
+                saw(f"cgroup path: {e.path[:200]}", named)
                 break
     m = mount_for(mounts, "/proc/meminfo")
     if m is not None and "lxcfs" in m.fstype:
@@ -113,7 +113,7 @@ def probe_container(
     rootfs = mount_for(mounts, "/")
     if rootfs is not None and rootfs.fstype == "overlay":
         evidence.append("mount: / is an overlay filesystem")  # weak: live systems use overlay too
-    runtime = next((r for r in _PRIORITY if r in runtimes), None)
+    runtime: Runtime | None = next((r for r in _PRIORITY if r in runtimes), None)
     release = root.text("/proc/sys/kernel/osrelease") or ""
     if "microsoft" in release.lower() or "wsl" in release.lower():
         evidence.append(f"kernel release: {release.strip()[:80]}")

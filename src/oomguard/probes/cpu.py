@@ -19,7 +19,7 @@ from oomguard.sources.root import Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import CpuSection, WarningEntry
+    from oomguard._types import CpuLimitedBy, CpuSection, WarningEntry
 
 
 def _quota(root: Root, h: Hierarchy, warnings: list[WarningEntry]) -> float | None:
@@ -71,11 +71,13 @@ def probe_cpu(
     affinity = parse_cpu_list(status["Cpus_allowed_list"]) if "Cpus_allowed_list" in status else None
     quota = _quota(root, cpu_h, warnings) if cpu_h is not None and cpu_h.found else None
     cpuset = _cpuset(root, cpuset_h, warnings) if cpuset_h is not None and cpuset_h.found else None
-    candidates: list[tuple[float, str]] = [
-        (float(v), name)
-        for v, name in ((online, "online"), (affinity, "affinity"), (cpuset, "cpuset"), (quota, "quota"))
-        if v is not None
-    ]
+    sources: tuple[tuple[float | None, CpuLimitedBy], ...] = (
+        (online, "online"),
+        (affinity, "affinity"),
+        (cpuset, "cpuset"),
+        (quota, "quota"),
+    )
+    candidates = [(float(v), name) for v, name in sources if v is not None]
     effective, limited_by = min(candidates, key=lambda c: c[0]) if candidates else (None, None)
     return {
         "effective_cpus": effective,

@@ -139,7 +139,7 @@ def _decide(mem: MemorySection, warnings: list[WarningEntry]) -> None:
         )
     if limit is not None and (host is None or limit < host):
         mem["effective_bytes"] = limit
-        mem["limited_by"] = f"cgroup-v{version}"
+        mem["limited_by"] = "cgroup-v2" if version == 2 else "cgroup-v1"
         mem["limit_file"] = mem["cgroup"]["limit_file"]
     elif host is not None:
         mem["effective_bytes"] = host

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 OOM_STEP_MIN = 256 * MiB
 OOM_STEP_RATIO = 0.05
 
-Key = tuple[int | None, int | None, int | None]
+# What the lessons of OOM kills were learnt under: (hard ceiling, soft limit, uncapped plan).
+Situation = tuple[int | None, int | None, int | None]
 # The ends that ask for less next time, and how a restart event names them.
 STEP_DOWN = {"oom-kill": "an OOM kill", "pressure-stop": "a pressure stop"}
 
@@ -47,13 +48,13 @@ def pressure_margin_step(basis_bytes: int | None) -> int:
     return max(MiB, int((basis_bytes or 0) * OOM_STEP_RATIO))
 
 
-def situation(report: Report, planned: int | None) -> Key:
+def situation_of(report: Report, planned: int | None) -> Situation:
     """What the lessons were learnt under: the hard ceiling, the soft limit, the uncapped plan."""
     mem = report["memory"]
     return mem["effective_bytes"], mem["soft_limit_bytes"], planned
 
 
-def _describe(key: Key) -> str:
+def _describe(key: Situation) -> str:
     hard, soft, planned = key
     text = f"ceiling {format_size(hard)}"
     if soft is not None:
@@ -69,7 +70,7 @@ class Adaptation:
         self.min_concurrency = min_concurrency
         self.cap: int | None = None
         self.extra_margin = 0
-        self._under: Key | None = None
+        self._under: Situation | None = None
 
     @property
     def active(self) -> bool:
@@ -82,7 +83,7 @@ class Adaptation:
         self.cap, self.extra_margin = None, 0
         return " and ".join(parts) + " from earlier OOM kills lifted"
 
-    def check(self, now: Key) -> str | None:
+    def check(self, now: Situation) -> str | None:
         """Before a start: forget the lessons when the situation changed; what was said, if anything."""
         if not self.active or self._under is None or now == self._under:
             return None
@@ -95,7 +96,7 @@ class Adaptation:
             return None
         return f"{self._lifted()}: ran {uptime:.1f}s (--healthy-after {healthy_after:g}s) without an OOM kill"
 
-    def after_oom(self, report: Report, concurrency: int | None, under: Key, reason: str = "oom-kill") -> str:
+    def after_oom(self, report: Report, concurrency: int | None, under: Situation, reason: str = "oom-kill") -> str:
         """Ask for less next time (after *reason*: an OOM kill or a pressure stop); the restart
         event's message says what."""
         self._under = under

@@ -97,7 +97,7 @@ class Alarm:
                 return
         self._register(threshold)
 
-    def take_notes(self) -> list[str]:
+    def pop_notes(self) -> list[str]:
         notes, self.notes = self.notes, []
         return notes
 

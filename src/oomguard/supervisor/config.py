@@ -47,7 +47,7 @@ _TOKEN = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|(?<!\$)\{([A-Za-z_]\w*)\}")
 _STEMS = ("budget", "job", "concurr", "gib")
 
 
-def _ours(name: str) -> list[str]:
+def _placeholder_like(name: str) -> list[str]:
     """The known placeholder *name* looks like a typo of, or nothing: then it is the worker's own text."""
     lower, known = name.lower(), (*ALWAYS, *WITH_PLAN)
     close = difflib.get_close_matches(lower, known, n=1, cutoff=0.75)
@@ -65,7 +65,7 @@ def _replace(arg: str, values: dict[str, str]) -> str:
             return values[name]
         if name in WITH_PLAN:
             raise UsageError(f"run: the placeholder {{{name}}} needs plan flags (--per-job or --profile)")
-        like = _ours(name)
+        like = _placeholder_like(name)
         if not like:
             return m.group(0)  # the worker's own braces: an f-string field, a template
         hint = f"did you mean {{{like[0]}}}? "

@@ -65,7 +65,7 @@ SOURCE_WORDS = {"vmhwm": "VmHWM"}
 NEIGHBOUR_SHARE = 0.05
 
 
-def _against(peak: int, size: int, what: str, source: str | None = None) -> str:
+def _peak_against(peak: int, size: int, what: str, source: str | None = None) -> str:
     """ "over its 3.6 GiB budget" or "within the 4 GiB limit (cgroup-v2, 93%)"."""
     notes = [source] if source else []
     if peak <= size and size > 0:
@@ -111,9 +111,9 @@ def peak_story(
     if budget is not None and limit is not None and budget > limit:
         parts.append(f"its {format_size(budget)} budget is over the {format_size(limit)} limit")
     elif budget is not None and peak is not None:
-        parts.append(_against(peak, budget, "its SIZE budget"))
+        parts.append(_peak_against(peak, budget, "its SIZE budget"))
     if oom is None and limit is not None and peak is not None:
-        parts.append(_against(peak, limit, "the SIZE limit", limited_by))
+        parts.append(_peak_against(peak, limit, "the SIZE limit", limited_by))
     text = ", ".join(parts)
     if oom is not None:
         text = "; ".join(filter(None, [text, oom_phrase(oom, limit, limited_by, kills)]))

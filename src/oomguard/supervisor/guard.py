@@ -111,7 +111,7 @@ class Guard:
     def _arm(self, s: MemorySample) -> None:
         assert self.alarm is not None
         self.alarm.arm(self.watch.stop_line, self.watch.margin, s.inactive_file)
-        for note in self.alarm.take_notes():
+        for note in self.alarm.pop_notes():
             self._say(note)
 
     def interval(self) -> float:
@@ -151,7 +151,7 @@ class Guard:
         """The exit event's guard fields."""
         return {"guard_margin_bytes": self.watch.margin, "working_set_peak_bytes": self.watch.peak}
 
-    def story(self) -> str | None:
+    def summary(self) -> str | None:
         """What the guard saw, for the exit event's message."""
         w, first, last = self.watch, self.first, self.last
         parts = [f"the working set reached the budget {w.crossings} time(s)"] if w.crossings else []

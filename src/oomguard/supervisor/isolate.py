@@ -63,12 +63,12 @@ def isolation_limit(report: Report, budget: int) -> int:
     return budget + margin if ceiling is None else min(budget + margin, ceiling)
 
 
-def _home(cgroup_dir: str) -> str:
+def _isolation_parent(cgroup_dir: str) -> str:
     """The group isolation works in: the supervisor's own, or the one above its leaf once moved."""
     return os.path.dirname(cgroup_dir) if os.path.basename(cgroup_dir) == SUPERVISOR_LEAF else cgroup_dir
 
 
-def _because(exc: OSError) -> str:
+def _oserror_reason(exc: OSError) -> str:
     hint = _HINTS.get(exc.errno or 0)
     return f"{exc.strerror}" + (f" ({hint})" if hint else "")
 
@@ -120,11 +120,11 @@ def _move_self_and_enable(fs: CgroupFS, group: str) -> str | None:
     except FileExistsError:
         pass  # left by an earlier supervisor, or shared with a live one: a leaf either way
     except OSError as exc:
-        return f"cannot create {leaf}: {_because(exc)}"
+        return f"cannot create {leaf}: {_oserror_reason(exc)}"
     try:
         fs.write_text(leaf + "/cgroup.procs", pid)
     except OSError as exc:
-        return f"cannot move the supervisor into {leaf}: {_because(exc)}"
+        return f"cannot move the supervisor into {leaf}: {_oserror_reason(exc)}"
     try:
         fs.write_text(group + "/cgroup.subtree_control", "+memory")
     except OSError as exc:
@@ -134,7 +134,7 @@ def _move_self_and_enable(fs: CgroupFS, group: str) -> str | None:
             fs.rmdir(leaf)
         except OSError:
             pass
-        return f"cannot enable memory in {group}/cgroup.subtree_control: {_because(exc)}{busy}"
+        return f"cannot enable memory in {group}/cgroup.subtree_control: {_oserror_reason(exc)}{busy}"
     return None
 
 
@@ -173,7 +173,7 @@ def reap_leftovers(report: Report, root: Root, fs: CgroupFS) -> list[str]:
     cg = report["memory"]["cgroup"]
     if cg["dir"] is None:
         return []
-    group = _home(cg["dir"])
+    group = _isolation_parent(cg["dir"])
     notes = []
     for name in root.names(group):
         pid, path = _run_pid(name), os.path.join(group, name)
@@ -208,7 +208,7 @@ class Isolation:
         cg = report["memory"]["cgroup"]
         if cg["dir"] is None or cg["version"] is None:
             return None, "no memory cgroup is mounted"
-        group, version = _home(cg["dir"]), cg["version"]
+        group, version = _isolation_parent(cg["dir"]), cg["version"]
         reaped = "".join("; " + note for note in reap_leftovers(report, root, fs))
         refused = _delegate_v2(root, fs, group) if version == 2 else None
         if refused is not None:
@@ -217,14 +217,14 @@ class Isolation:
         try:
             fs.mkdir(path)
         except OSError as exc:
-            return None, f"cannot create {path}: {_because(exc)}{reaped}"
+            return None, f"cannot create {path}: {_oserror_reason(exc)}{reaped}"
         iso = cls(path, version, root, fs)
         # v2 memory.max / v1 memory.limit_in_bytes: the hard limit (cgroup-v2.rst 5-2-1, cgroup-v1/memory.rst §3).
         try:
             fs.write_text(iso._file("memory.limit_in_bytes" if version == 1 else "memory.max"), str(limit_bytes))
         except OSError as exc:
             iso.remove()
-            return None, f"cannot set the limit of {path}: {_because(exc)}{reaped}"
+            return None, f"cannot set the limit of {path}: {_oserror_reason(exc)}{reaped}"
         # Read back: the kernel keeps whole pages (counters.read_limit), and that is the limit.
         held = read_limit(root, path, version)
         iso.limit = limit_bytes if held is None else held

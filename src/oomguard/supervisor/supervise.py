@@ -39,7 +39,7 @@ from oomguard.policy.budget import probe, resolve_budget
 from oomguard.policy.plan import make_plan
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import LiveRoot, Root
-from oomguard.supervisor.adapt import OOM_STEP_MIN, STEP_DOWN, Adaptation, Key, oom_margin_step, situation
+from oomguard.supervisor.adapt import OOM_STEP_MIN, STEP_DOWN, Adaptation, Situation, oom_margin_step, situation_of
 from oomguard.supervisor.admit import refusal, start_note
 from oomguard.supervisor.config import RunConfig, substitute, worker_env_and_args
 from oomguard.supervisor.events import EventLog, neighbour_note, neighbour_share, own_share, peak_story
@@ -102,7 +102,7 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping: int | None = None  # the operator's signal, once one came
         self.adapt = Adaptation(config.on_oom, config.min_concurrency)
-        self._situation: Key | None = None  # the limits and uncapped plan of the current start
+        self._situation: Situation | None = None  # the limits and uncapped plan of the current start
         self._excused: str | None = None  # why the last end asks for no less (a neighbour's memory)
         self._deathsig_reported = False  # PR_SET_PDEATHSIG's failure is told by the first start only
 
@@ -134,7 +134,7 @@ class Supervisor:
         """(report, plan, what was lifted), computed afresh before each start."""
         report = probe(root=self.root, budget=self.cfg.budget, margin=self.cfg.margin)
         fresh = self._plan({**report, "warnings": []})  # the plan before any lesson of an OOM kill
-        self._situation = situation(report, fresh["concurrency"] if fresh else None)
+        self._situation = situation_of(report, fresh["concurrency"] if fresh else None)
         lifted = self.adapt.check(self._situation)
         b = report["budget"]
         if self.adapt.extra_margin and b["source"] == "auto" and b["safety_margin_bytes"] is not None:
@@ -270,7 +270,7 @@ class Supervisor:
             what = "working set" if verdict.reason == PRESSURE_STOP else "limit"
             self._excused = own_share(share, whole, budget)
             said += [neighbour_note(share, whole, what), self._excused]
-        said.append(guard.story() if guard is not None else None)
+        said.append(guard.summary() if guard is not None else None)
         story = "; ".join(filter(None, said)) or None
         self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, peak_source=source, message=story, **common)
         return rc, common, uptime

@@ -132,7 +132,7 @@ def test_memory_events_wakes_the_alarm_once_per_change(group: GroupFactory) -> N
     g.write("memory.high", 64 * MiB)
     alarm = Alarm(LiveRoot(), CgroupFS(), str(g.path), 2)
     alarm.arm(192 * MiB, 64 * MiB, 0)
-    assert alarm.failure is None and alarm.fd is not None and alarm.take_notes() == []
+    assert alarm.failure is None and alarm.fd is not None and alarm.pop_notes() == []
     poller = select.poll()
     poller.register(alarm.fd, alarm.events)
     assert poller.poll(0) == []  # read at the opening: nothing new yet
