@@ -15,7 +15,7 @@ from oomguard.probes.parsers import parse_cpu_max, parse_status
 from oomguard.report import MEMLOCK_LOW_BYTES
 from oomguard.sources.root import DirRoot
 from oomguard.supervisor.supervise import OOM_STEP_MIN, oom_margin_step
-from tests.test_exits import OOM_WORKER, V2_EVENTS, cgroup_tree, supervise_in_tree
+from tests.helpers.supervise import OOM_WORKER, V2_EVENTS, cgroup_tree, supervise_in_tree
 
 MiB = 1024**2
 GiB = 1024**3

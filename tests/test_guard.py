@@ -36,8 +36,8 @@ from oomguard.supervisor.guard_state import HIGH, PRESSURE, STOP, GuardState
 from oomguard.supervisor.isolate import Isolation
 from oomguard.supervisor.waiting import FAST_QUIET, exit_waiter
 from tests.conftest import REPO
+from tests.helpers.supervise import cgroup_tree
 from tests.realcgroup import Group, limited_group, writable_parent
-from tests.test_exits import cgroup_tree
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

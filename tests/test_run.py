@@ -36,8 +36,8 @@ from oomguard.supervisor.restart import RestartPolicy
 from oomguard.supervisor.supervise import RunConfig, Supervisor, prepare_child, substitute
 from oomguard.units import format_size_exact, parse_duration
 from tests.conftest import REPO
+from tests.helpers.supervise import OOM_WORKER, V2_EVENTS, cgroup_tree, supervise_in_tree
 from tests.realcgroup import Group, limited_group, writable_parent
-from tests.test_exits import OOM_WORKER, V2_EVENTS, cgroup_tree, supervise_in_tree
 from tests.workers import KILLED_9, OUTSIDER
 
 MiB = 1024**2

@@ -38,8 +38,8 @@ from oomguard.supervisor.oomwatch import GRACE, MARK_EVERY, POLL_EVERY, OomWatch
 from oomguard.supervisor.peak import TreePeak, run_peak
 from oomguard.units import format_size
 from tests.conftest import REPO
+from tests.helpers.supervise import cgroup_tree
 from tests.realcgroup import Group, limited_group, writable_parent
-from tests.test_exits import cgroup_tree
 from tests.workers import FIRST_RUN, HOLDER, OUTSIDER
 
 pytestmark = pytest.mark.usefixtures("clean_env")
