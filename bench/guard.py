@@ -233,7 +233,8 @@ LABELS = {
 def fifo_floor(jobs: list[dict[str, Any]], usable: int) -> float:
     """The greedy in-order schedule by real peaks: each job starts as soon as its real peak fits
     beside the real peaks of those running (clairvoyant, no start-up cost)."""
-    t, used, running = 0.0, 0, []  # running: (end, real)
+    t, used = 0.0, 0
+    running: list[tuple[float, int]] = []  # (end, real)
     for j in jobs:
         while running and used + j["real"] > usable:
             end, size = min(running)

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -45,12 +46,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
 
 
-def run_oomguard(*args: str, env: dict[str, str] | None = None, **kw: object) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m oomguard`` from the checkout, as a user would."""
+def run_oomguard(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m oomguard`` from the checkout, as a user would (*kw*: more of subprocess.run's)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
-    return subprocess.run(
+    proc: subprocess.CompletedProcess[str] = subprocess.run(
         [sys.executable, "-m", "oomguard", *args], capture_output=True, text=True, env=full_env, timeout=60, **kw
-    )  # type: ignore[call-overload,no-any-return]
+    )
+    return proc
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
 from oomguard.manager import alerts
@@ -124,7 +123,7 @@ def reference(alerts: list[dict[str, Any]], shown: int, show_all: str, start: in
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for a in alerts:
         by_kind.setdefault(a["kind"], []).append(a)
-    groups = [
+    groups: list[dict[str, Any]] = [
         {
             "kind": kind,
             "severity": "critical" if any(a["severity"] == "critical" for a in items) else "warning",
@@ -204,7 +203,6 @@ def test_show_all_is_paged_on_the_dashboard(db_url: str) -> None:
         )
     settings = Settings(db_url=db_url, agent_token=AGENT, viewer_token=VIEWER)
     with local_client(create_app(settings, Store(engine, clock=lambda: NOW))) as c:
-        c: TestClient
 
         def listed(path: str) -> tuple[list[str], str]:
             page = c.get(path, headers=VIEWER_H)

@@ -59,10 +59,10 @@ def test_every_command_and_every_check_option_is_in_the_zsh_script() -> None:
 def test_bash_accepts_and_registers_it(tmp_path: Path) -> None:
     path = tmp_path / "oomguard.bash"
     path.write_text(script("bash"))
-    syntax = subprocess.run([BASH, "-n", str(path)], capture_output=True, text=True, timeout=30)
+    syntax = subprocess.run([str(BASH), "-n", str(path)], capture_output=True, text=True, timeout=30)
     assert syntax.returncode == 0, syntax.stderr
     proc = subprocess.run(
-        [BASH, "-c", f"{SOURCE_BASH}; complete -p oomguard"], capture_output=True, text=True, timeout=60
+        [str(BASH), "-c", f"{SOURCE_BASH}; complete -p oomguard"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "complete -o default -F _oomguard oomguard"

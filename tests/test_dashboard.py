@@ -133,7 +133,8 @@ def test_logout_ends_the_session_in_the_browser(browser: Browser, server: Manage
     shot(page, "logout")
     page.click("button[type=submit]")
     page.wait_for_url("**/login")
-    page.context.add_cookies([{**session}])  # replayed by whoever kept it
+    # replayed by whoever kept it (a Cookie names no url, but its domain and path, which suffice)
+    page.context.add_cookies([{**session}])  # type: ignore[typeddict-item]
     page.goto(server.url + "/")
     assert "/login" in page.url
     assert not watch.errors, watch.errors

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from oomguard.manager.web.chart import segments, y_step
+from oomguard.manager.web.chart import Point, segments, y_step
 from oomguard.manager.web.formatting import gpus, timed
 from tests.helpers.dashboard import api, fits, logged_in, needs_browser, rows, shot
 from tests.helpers.fleet import PHONE, WIDE, GiB, seed_twenty
@@ -184,9 +184,9 @@ def test_errors_are_pages_for_browsers_and_json_for_clients(browser: Browser, fl
 
 def test_gaps_ticks_and_words_without_a_browser() -> None:
     hour = 3600.0
-    thinned = [(t * hour, {}) for t in range(10)] + [(10 * hour + k * 30, {}) for k in range(20)]
+    thinned: list[Point] = [*((t * hour, {}) for t in range(10)), *((10 * hour + k * 30, {}) for k in range(20))]
     assert len(segments(thinned)) == 1  # retention's regular thinning is not a gap
-    stopped = [(k * 30.0, {}) for k in range(10)] + [(3000 + k * 30.0, {}) for k in range(10)]
+    stopped: list[Point] = [*((k * 30.0, {}) for k in range(10)), *((3000 + k * 30.0, {}) for k in range(10))]
     assert [len(s) for s in segments(stopped)] == [10, 10]  # a stopped agent is
     assert y_step(342 * GiB) == 64 * GiB and y_step(700 * GiB) == 128 * GiB
     assert gpus([{"name": "A10", "memory_total_bytes": 24 * GiB}] * 2 + [{"name": "T4"}]) == "2× A10 24 GiB, 1× T4 ?"

@@ -95,7 +95,7 @@ def test_forget_a_node_confirm_wrong_token_success(
     page.click("a.button >> text=Forget node…")
     page.wait_for_url(f"**/nodes/{node}/forget")
     assert page.locator("h1").inner_text() == f"Forget node “{node}”?"
-    assert page.evaluate("document.documentElement.scrollWidth") <= viewport["viewport"]["width"]  # type: ignore[index]
+    assert page.evaluate("document.documentElement.scrollWidth") <= viewport["viewport"]["width"]
     shot(page, f"forget-confirm-{view}")
 
     assert submit(page, "churn-0", ADMIN) == 400  # the name typed wrong: asked again, nothing done
@@ -154,7 +154,7 @@ def test_forget_from_another_origin_is_refused(browser: Browser, admin_server: M
         page.goto(admin_server.url + f"/nodes/{target}/forget")
         csrf = page.locator("input[name=csrf]").get_attribute("value") or ""
         assert len(csrf) == 64
-        form = {"confirm": target, "token": ADMIN, "csrf": csrf}
+        form: dict[str, str | float | bool] = {"confirm": target, "token": ADMIN, "csrf": csrf}
         refused = page.request.post(
             admin_server.url + f"/nodes/{target}/forget", form=form, headers={"Origin": "http://evil.example"}
         )
@@ -185,7 +185,7 @@ def test_forget_is_disabled_without_an_admin_token(browser: Browser, plain_serve
     page.goto(plain_server.url + "/nodes/churn-00/forget")  # typed by hand: disabled there too
     assert page.locator("form.forget").count() == 0 and page.locator("button.danger[disabled]").count() == 1
     assert page.locator("input[name=csrf]").count() == 0
-    form = {"confirm": "churn-00", "token": "anything", "csrf": ""}
+    form: dict[str, str | float | bool] = {"confirm": "churn-00", "token": "anything", "csrf": ""}
     url = plain_server.url + "/nodes/churn-00/forget"
     assert page.request.post(url, form=form).status == 403  # no form token: refused before anything else
     session = {c["name"]: c["value"] for c in page.context.cookies()}["oomguard_session"]

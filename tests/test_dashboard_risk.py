@@ -91,7 +91,7 @@ def test_working_set_column_shows_the_posted_numbers(browser: Browser, fleet: Ma
         assert meter.is_visible() and box is not None and box["width"] > 10
         title = td.get_attribute("title") or ""
         assert f"working set {ws // MiB} MiB of the 512 MiB limit; usage {ws // MiB + 30} MiB" == title, title
-    fits(page, VIEWS[view]["viewport"]["width"])  # type: ignore[index]
+    fits(page, VIEWS[view]["viewport"]["width"])
     # above 90 %: in red and the row highlighted (node-02 is at 117.2 %, node-19 at 93.2 %)
     risky = page.locator("tr.risk td:first-child").all_inner_texts()
     assert {"node-02", "node-19"} <= set(risky) and "node-18" not in risky
@@ -108,7 +108,7 @@ def test_working_set_column_at_10000_nodes(browser: Browser, big: ManagerProcess
         ws = big_working_set(int(name.split("-")[1]))
         shown = cell(page, name, "Working set / limit")
         assert shown == ("unknown" if ws is None else f"{ws * 100 / LIMIT_BIG:.1f}%"), (name, shown)
-    fits(page, VIEWS[view]["viewport"]["width"])  # type: ignore[index]
+    fits(page, VIEWS[view]["viewport"]["width"])
     page.goto(big.url + "/?sort=working_set_pct")  # lowest first; unknown still last
     low = rows(page)
     ratios = [big_working_set(int(n.split("-")[1])) for n in low]
@@ -171,7 +171,7 @@ def test_pressure_stops_apart_from_oom_kills(browser: Browser, fleet: ManagerPro
     cards = {c.split("\n")[-1].strip(): c.split("\n")[0] for c in page.locator(".cards .card").all_inner_texts()}
     assert cards["OOM kills in 24 h"] == "2" and cards["pressure stops in 24 h"] == "3"
     assert "pressure-stops" in page.locator("#alerts").inner_text()
-    fits(page, VIEWS[view]["viewport"]["width"])  # type: ignore[index]
+    fits(page, VIEWS[view]["viewport"]["width"])
     shot(page, f"pressure-stops-{view}")
     assert not watch.errors, watch.errors
 
@@ -274,7 +274,7 @@ def test_chart_range_links_change_the_points_drawn(browser: Browser, history: Ma
             assert counts[key] == expected_points(span), (key, counts[key])
     assert counts["1h"] == 101 and counts["24h"] == 124 and counts["7d"] == 268
     assert counts["7d"] < counts["30d"] <= 500  # 820 reports, downsampled to at most 500 buckets
-    assert page.evaluate("document.documentElement.scrollWidth") <= VIEWS[view]["viewport"]["width"]  # type: ignore[index]
+    assert page.evaluate("document.documentElement.scrollWidth") <= VIEWS[view]["viewport"]["width"]
     shot(page, f"chart-30d-{view}")
     assert not watch.errors, watch.errors
 
@@ -306,7 +306,7 @@ def test_node_page_pressure_stops_and_working_set(browser: Browser, fleet: Manag
     assert f"Usage {ws // MiB + 30} MiB of the limit" in usage
     cards = page.locator(".cards").inner_text()
     assert "1\npressure stops in 24 h" in cards and "2\nOOM kills in 24 h" in cards
-    assert page.evaluate("document.documentElement.scrollWidth") <= VIEWS[view]["viewport"]["width"]  # type: ignore[index]
+    assert page.evaluate("document.documentElement.scrollWidth") <= VIEWS[view]["viewport"]["width"]
     shot(page, f"node-pressure-{view}")
     assert not watch.errors, watch.errors
 

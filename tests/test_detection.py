@@ -12,6 +12,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oomguard._types import WarningEntry
 from oomguard.probes import probe_system
 from oomguard.sources.root import DirRoot
 
@@ -79,7 +80,7 @@ def test_available_is_the_smallest_headroom_over_limited_levels(
     mem = report["memory"]
     assert mem["working_set_bytes"] == group_ws * MiB
     assert mem["available_bytes"] == min(expect)
-    assert mem["available_bytes"] <= mem["host_available_bytes"]
+    assert mem["host_available_bytes"] is not None and mem["available_bytes"] <= mem["host_available_bytes"]
 
 
 def test_an_ancestor_without_memory_stat_counts_the_group_s_page_cache(tmp_path: Path) -> None:
@@ -272,7 +273,7 @@ def test_the_live_namespace_links_are_read_and_replayed_from_a_snapshot(tmp_path
     if probe is None or probe.returncode != 0:
         import pytest
 
-        pytest.skip(f"cannot make a PID namespace here: {probe.stderr if probe else 'no unshare'}")
+        pytest.skip(f"cannot make a PID namespace here: {repr(probe.stderr) if probe else 'no unshare'}")
     env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
     snap, out = tmp_path / "snap.tar.gz", tmp_path / "live.json"
     og = f"{sys.executable} -m oomguard"
@@ -328,7 +329,7 @@ def test_the_probe_the_run_side_and_the_watch_read_one_working_set(
 def test_root_text_is_the_one_read_or_warn_step(tmp_path: Path) -> None:
     """Root.text: the text, or None; a failure other than missing warns, missing only when asked."""
     root = write(tmp_path, {"ok": "42\n", "dir/x": "1"})
-    warnings: list = []
+    warnings: list[WarningEntry] = []
     assert root.text("/ok", warnings) == "42\n" and warnings == []
     assert root.text("/absent", warnings) is None and warnings == []  # absent: no news by default
     assert root.text("/absent", warnings, lost="MemTotal is unknown", missing=True) is None

@@ -279,7 +279,7 @@ def test_verify_shows_progress_on_the_stream_it_is_given(tmp_path: Path) -> None
 
 
 def test_verify_reads_counter_and_usage_through_its_root(tmp_path: Path) -> None:
-    tree = cgroup_tree(tmp_path / "tree", 2, 64 * MiB, **{"sys/fs/cgroup/memory.current": "12345\n"})
+    tree = cgroup_tree(tmp_path / "tree", 2, 64 * MiB, extra={"sys/fs/cgroup/memory.current": "12345\n"})
     root = DirRoot(str(tree))
     report = probe(root=root, budget="8MiB")
     events = tree / V2_EVENTS

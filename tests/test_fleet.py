@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
@@ -147,7 +148,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _APP)
 
 @schema.parametrize()
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-def test_api_never_answers_5xx(case: schemathesis.Case) -> None:
+def test_api_never_answers_5xx(case: schemathesis.Case[Any]) -> None:
     case.call_and_validate(checks=[not_a_server_error])
 
 

@@ -139,7 +139,7 @@ def test_fake_nvml_comes_first(monkeypatch: pytest.MonkeyPatch) -> None:
     assert a["memory_free_bytes"] == 80 * GiB - 2 * GiB - 512 * MiB and a["memory_reserved_bytes"] == 512 * MiB
     assert a["pci_bus_id"] == "00000000:07:00.0" and a["mig_devices"] == []
     assert b["mig_devices"] == [MIG_3G, MIG_1G]  # slots 1 and 3-6 are empty
-    import pynvml  # the fake
+    import pynvml  # type: ignore[import-not-found,unused-ignore]  # the fake, on sys.path at run time only
 
     assert pynvml.shutdowns  # NVML is always shut down
     monkeypatch.setenv("FAKE_NVML", "fail")  # NVML fails: nvidia-smi answers instead

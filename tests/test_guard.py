@@ -339,7 +339,7 @@ def supervise(
 
 def test_a_growing_worker_is_stopped_and_restarted_with_one_job_fewer(tmp_path: Path) -> None:
     # 1 GiB: auto budget 768 MiB, 3 jobs of 256 MiB; the guard stops at 1 GiB - 64 MiB = 960 MiB.
-    tree = cgroup_tree(tmp_path / "tree", 2, GiB, **{"sys/fs/cgroup/memory.stat": "inactive_file 0\n"})
+    tree = cgroup_tree(tmp_path / "tree", 2, GiB, extra={"sys/fs/cgroup/memory.stat": "inactive_file 0\n"})
     first = [*grow(500 * MiB, 800 * MiB, 900 * MiB, 970 * MiB), {"sleep": 10}]
     rc, ev = supervise(tree, [first, [*grow(500 * MiB), {"sleep": 0.3}]], shape={"per_job": 256 * MiB})
     assert rc == 0
@@ -359,7 +359,7 @@ def test_a_growing_worker_is_stopped_and_restarted_with_one_job_fewer(tmp_path: 
 
 
 def test_page_cache_is_no_reason_to_stop(tmp_path: Path) -> None:
-    tree = cgroup_tree(tmp_path / "tree", 2, GiB, **{"sys/fs/cgroup/memory.stat": f"inactive_file {300 * MiB}\n"})
+    tree = cgroup_tree(tmp_path / "tree", 2, GiB, extra={"sys/fs/cgroup/memory.stat": f"inactive_file {300 * MiB}\n"})
     rc, ev = supervise(tree, [[*grow(1000 * MiB), {"sleep": 0.5}]], restart="never")
     assert rc == 0 and ev[1]["reason"] == "clean" and ev[1]["working_set_peak_bytes"] == 700 * MiB
 
@@ -377,7 +377,7 @@ def test_a_worker_that_ignores_sigterm_gets_sigkill_after_the_stop_timeout(tmp_p
 
 def test_isolated_on_v2_memory_high_then_a_stall_stop(tmp_path: Path) -> None:
     """--budget 256MiB --isolate: a 512 MiB group; at the budget memory.high; 2 s of full stall over a 1 s limit."""
-    tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB, **{"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
+    tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB, extra={"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
     psi = "some avg10=90.00 avg60=50.00 avg300=10.00 total=%d\nfull avg10=90.00 avg60=50.00 avg300=10.00 total=%d\n"
     plan = [
         {"write": {"memory.pressure": psi % (0, 0)}},

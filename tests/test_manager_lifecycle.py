@@ -416,7 +416,7 @@ def test_a_node_is_seen_offline_before_it_is_archived(db_url: str, clock: Clock)
     """--forget-after 1 h, an agent reporting every 30 min: it is offline only after 90 min, so it
     is not archived at 70 min (it would leave without ever alerting), but at the first pass after."""
     with client_for(db_url, clock, forget_after_s=3600) as c:
-        store: Store = c.app.state.store  # type: ignore[attr-defined]
+        store: Store = c.app.state.store
         report(c, "slow", interval_s=1800)
         clock.t += 70 * MIN_MS
         assert store.thin()["archived_nodes"] == 0 and listed(c)["slow"]["status"] == "online"
@@ -465,7 +465,7 @@ def test_forget_after_off_never_archives(db_url: str, clock: Clock) -> None:
     with client_for(db_url, clock, forget_after_s=None) as c:
         report(c, "old")
         clock.t += 400 * DAY_MS
-        assert c.app.state.store.thin()["archived_nodes"] == 0  # type: ignore[attr-defined]
+        assert c.app.state.store.thin()["archived_nodes"] == 0
         assert listed(c)["old"]["status"] == "offline"
 
 
@@ -476,7 +476,7 @@ def test_archiving_on_a_store_built_from_settings(tmp_path: Path) -> None:
     with local_client(create_app(Settings(db_url=url, forget_after_s=1.0, interval_s=0.2))) as c:
         report(c, "brief")
         time.sleep(1.2)
-        assert c.app.state.store.thin()["archived_nodes"] == 1  # type: ignore[attr-defined]
+        assert c.app.state.store.thin()["archived_nodes"] == 1
         assert c.get("/api/v1/nodes").json()["total"] == 0
 
 
@@ -597,7 +597,7 @@ def test_heartbeats_wait_while_events_flow(tmp_path: Path) -> None:
             return Outcome("retry", why="no manager here")
 
         sink.sender.post = post  # type: ignore[method-assign]
-        sink._beats.post = post  # type: ignore[method-assign]  (heartbeats: their own 2 s client)
+        sink._beats.post = post  # type: ignore[method-assign]  # heartbeats: their own 2 s client
         sink({"event": "start"})
         time.sleep(0.3)
         beats = [b for b in posted if b["event"]["event"] == "heartbeat"]

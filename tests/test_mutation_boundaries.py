@@ -25,7 +25,7 @@ from oomguard import probe
 from oomguard.manager.alerts import MISSED_INTERVALS
 from oomguard.probes.counters import MemorySample
 from oomguard.sources.root import DirRoot
-from oomguard.supervisor.guard import PRESSURE, STOP, GuardState
+from oomguard.supervisor.guard_state import PRESSURE, STOP, GuardState
 from tests.conftest import FIXTURES
 from tests.manager_helpers import Clock, ingest, make_store, migrated_db
 

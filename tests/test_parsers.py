@@ -43,7 +43,7 @@ TEXT_PARSERS = [
 @given(any_text)
 def test_no_parser_raises(text: str) -> None:
     for parse in TEXT_PARSERS:
-        parse(text)  # type: ignore[operator]
+        parse(text)
     parsers.parse_cfs(text, text)
     parsers.has_capability({"CapEff": text}, parsers.CAP_IPC_LOCK)
     parsers.status_kb({"VmLck": text}, "VmLck")
@@ -196,7 +196,7 @@ def test_run_time_counters_read_through_a_root(tmp_path: Path) -> None:
 SPLITLINES_ONLY = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 # Lone surrogates other than the surrogateescape range (U+DC80-U+DCFF) cannot name a file at all.
 name_chars = st.one_of(
-    st.sampled_from([*SPLITLINES_ONLY, *" \t\\:,-_.", "\udcff"]), st.characters(blacklist_categories=("Cs",))
+    st.sampled_from([*SPLITLINES_ONLY, *" \t\\:,-_.", "\udcff"]), st.characters(blacklist_categories=["Cs"])
 )
 group_names = st.text(name_chars, min_size=1, max_size=12).filter(
     lambda n: "/" not in n and "\0" not in n and "\n" not in n and n not in (".", "..")

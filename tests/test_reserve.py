@@ -147,8 +147,8 @@ def test_evict_is_called_without_the_lock_and_can_make_room() -> None:
 
 def test_async_evict_may_be_a_coroutine() -> None:
     async def main() -> int:
-        cache = []
-        calls = []
+        cache: list[Reservation] = []
+        calls: list[int] = []
 
         async def evict(shortfall: int) -> None:
             calls.append(shortfall)

@@ -171,7 +171,12 @@ def test_threads_and_tasks_share_the_watched_queue() -> None:
 
     with watched(1000, box) as b:
         out: list[str] = []
-        t = threading.Thread(target=lambda: (b.reserve(300, timeout=5), out.append("thread")))
+
+        def thread() -> None:
+            b.reserve(300, timeout=5)
+            out.append("thread")
+
+        t = threading.Thread(target=thread)
         t.start()
         wait_until(lambda: b.waiting == 1)
         at = threading.Thread(target=lambda: asyncio.run(task(b, out)))
@@ -302,7 +307,7 @@ def test_evict_gets_the_watched_shortfall() -> None:
 def test_watch_checks_its_arguments() -> None:
     for kw in ({"interval": 0}, {"overshoot": 0.9}, {"overshoot": 2.5}, {"margin_bytes": -1}):
         with pytest.raises(ValueError):
-            Watch(Box(0), 100, **kw)  # type: ignore[arg-type]
+            Watch(Box(0), 100, **kw)
     assert Watch(Box(0), 100 * 1024 * MiB).margin == 2 * 1024 * MiB  # 2% of 100 GiB
     assert guard_margin(1024 * MiB) == 64 * MiB and guard_margin(10 * MiB) is None
 

@@ -536,7 +536,7 @@ def test_a_raised_limit_lifts_the_concurrency_cap(tmp_path: Path) -> None:
 
 def test_a_healthy_run_lifts_the_cap(tmp_path: Path) -> None:
     tree = cgroup_tree(tmp_path / "tree", 2, 8 * GiB)
-    steps = ({"oom": True}, {"sleep": 0.5, "exit": 1}, {})
+    steps: tuple[dict[str, Any], ...] = ({"oom": True}, {"sleep": 0.5, "exit": 1}, {})
     rc, ev, _, _ = supervise_in_tree(
         tree, command=scripted(tree, *steps), shape={"per_job": GiB}, healthy_after=0.3, max_restarts=3
     )
@@ -587,7 +587,7 @@ def test_adaptation_on_its_own() -> None:
 
 
 def test_isolation_in_a_fake_v2_tree(tmp_path: Path) -> None:
-    tree = cgroup_tree(tmp_path / "tree", 2, **{"sys/fs/cgroup/cgroup.subtree_control": "cpu\n"})
+    tree = cgroup_tree(tmp_path / "tree", 2, extra={"sys/fs/cgroup/cgroup.subtree_control": "cpu\n"})
     root, fs = DirRoot(str(tree)), CgroupFS(str(tree))
     report = probe_tree(root)
     iso, why = Isolation.create(report, 300 * MiB, "w", root, fs)
@@ -627,7 +627,7 @@ def test_isolation_in_a_fake_v1_tree_and_refusals(tmp_path: Path) -> None:
 
 
 def test_run_isolates_the_worker_in_the_tree(tmp_path: Path) -> None:
-    tree = cgroup_tree(tmp_path / "tree", 2, **{"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
+    tree = cgroup_tree(tmp_path / "tree", 2, extra={"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
     # The worker plays the kernel: its group's memory.peak (the supervisor is its parent, $PPID).
     peak = ["sh", "-c", f"echo 7340032 > {tree}/sys/fs/cgroup/oomguard-run-$PPID/memory.peak"]
     rc, ev, err, sup_pid = supervise_in_tree(tree, command=peak, budget="1GiB", restart="never", isolate=True)

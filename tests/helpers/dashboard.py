@@ -21,7 +21,7 @@ from tests.conftest import REPO
 from tests.manager_helpers import AGENT_H, VIEWER, ManagerProcess
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, Dialog, Page
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO / "test-artifacts"
@@ -73,7 +73,12 @@ class Watch:
         self.dialogs: list[str] = []
         page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: self.errors.append(str(e)))
-        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+        def dialog(d: Dialog) -> None:
+            self.dialogs.append(d.message)
+            d.dismiss()
+
+        page.on("dialog", dialog)
 
 
 def shot(page: Page, name: str) -> None:

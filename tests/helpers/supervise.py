@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,11 @@ V2_EVENTS = "sys/fs/cgroup/memory.events"
 V1_OOM_CONTROL = "sys/fs/cgroup/memory/memory.oom_control"
 
 
-def cgroup_tree(tmp: Path, version: int = 2, limit: int = 2 * GiB, *, counter: bool = True, **extra: str) -> Path:
-    """A minimal tree with one memory cgroup at the mount root, limit *limit*, oom_kill 0."""
+def cgroup_tree(
+    tmp: Path, version: int = 2, limit: int = 2 * GiB, *, counter: bool = True, extra: Mapping[str, str] | None = None
+) -> Path:
+    """A minimal tree with one memory cgroup at the mount root, limit *limit*, oom_kill 0; *extra*:
+    more files (path under the root -> text), over those."""
     mem_total_kb = 2 * max(limit, GiB) // 1024
     files = {
         "proc/meminfo": f"MemTotal:       {mem_total_kb} kB\nMemAvailable:   {mem_total_kb // 2} kB\n",
@@ -47,7 +51,7 @@ def cgroup_tree(tmp: Path, version: int = 2, limit: int = 2 * GiB, *, counter: b
         }
         if counter:
             files[V1_OOM_CONTROL] = "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n"
-    for name, text in {**files, **extra}.items():
+    for name, text in {**files, **(extra or {})}.items():
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / name).write_text(text)
     return tmp

@@ -10,6 +10,7 @@ memory; here without the v2 struct, so the probe's fallback to v1 runs) and its 
 """
 
 import os
+from typing import TypedDict
 
 
 class NVMLError(Exception):
@@ -30,7 +31,32 @@ class NVMLError_FunctionNotFound(NVMLError):
 
 nvmlMemory_v2 = 0x02000028
 MiB = 1 << 20
-_GPUS = [
+
+
+class _MigDev(TypedDict):
+    uuid: str
+    name: str
+    total: int
+    used: int
+    gi: int
+    ci: int
+
+
+class _Gpu(TypedDict):
+    uuid: str
+    name: str
+    total: int
+    used: int
+    reserved: int
+    bus: str
+    mig: int | None
+    slots: int
+    migs: dict[int, _MigDev]
+
+
+# A GPU's handle is its index; a MIG device's is (GPU index, slot).
+_Handle = int | tuple[int, int]
+_GPUS: list[_Gpu] = [
     {
         "uuid": "GPU-aaaaaaaa-0000",
         "name": "NVIDIA A100-SXM4-80GB",
@@ -71,11 +97,11 @@ _GPUS = [
         },
     },
 ]
-shutdowns = []
+shutdowns: list[int] = []
 
 
 class _Mem:
-    def __init__(self, total, used, reserved, v2):
+    def __init__(self, total: int, used: int, reserved: int, v2: bool) -> None:
         self.total = total
         self.used = used
         self.free = total - used - (reserved if v2 else 0)
@@ -84,52 +110,52 @@ class _Mem:
 
 
 class _Pci:
-    def __init__(self, bus):
+    def __init__(self, bus: str) -> None:
         self.busId = bus.encode()
 
 
-def _mig(h):
+def _mig(h: tuple[int, int]) -> _MigDev:
     return _GPUS[h[0]]["migs"][h[1]]
 
 
-def nvmlInit():
+def nvmlInit() -> None:
     if os.environ.get("FAKE_NVML") == "fail":
         raise NVMLError("Driver/library version mismatch")
 
 
-def nvmlShutdown():
+def nvmlShutdown() -> None:
     shutdowns.append(1)
 
 
-def nvmlSystemGetDriverVersion():
+def nvmlSystemGetDriverVersion() -> bytes:
     return b"535.104.05"
 
 
-def nvmlSystemGetCudaDriverVersion_v2():
+def nvmlSystemGetCudaDriverVersion_v2() -> int:
     return 12020
 
 
-def nvmlDeviceGetCount():
+def nvmlDeviceGetCount() -> int:
     return len(_GPUS)
 
 
-def nvmlDeviceGetHandleByIndex(i):
+def nvmlDeviceGetHandleByIndex(i: int) -> int:
     return i
 
 
-def nvmlDeviceGetIndex(h):
+def nvmlDeviceGetIndex(h: _Handle) -> int:
     return h if isinstance(h, int) else h[1]
 
 
-def nvmlDeviceGetUUID(h):
+def nvmlDeviceGetUUID(h: _Handle) -> str:
     return _GPUS[h]["uuid"] if isinstance(h, int) else _mig(h)["uuid"]
 
 
-def nvmlDeviceGetName(h):
+def nvmlDeviceGetName(h: _Handle) -> str | bytes:
     return _GPUS[h]["name"] if isinstance(h, int) else _mig(h)["name"].encode()
 
 
-def nvmlDeviceGetMemoryInfo(h, version=None):
+def nvmlDeviceGetMemoryInfo(h: _Handle, version: int | None = None) -> _Mem:
     if isinstance(h, int):
         g = _GPUS[h]
         return _Mem(g["total"], g["used"], g["reserved"], version == nvmlMemory_v2)
@@ -139,36 +165,37 @@ def nvmlDeviceGetMemoryInfo(h, version=None):
     return _Mem(m["total"], m["used"], 0, False)
 
 
-def nvmlDeviceGetPciInfo(h):
+def nvmlDeviceGetPciInfo(h: int) -> _Pci:
     return _Pci(_GPUS[h]["bus"])
 
 
-def nvmlDeviceGetMigMode(h):
-    if _GPUS[h]["mig"] is None:
+def nvmlDeviceGetMigMode(h: int) -> list[int]:
+    mode = _GPUS[h]["mig"]
+    if mode is None:
         raise NVMLError_NotSupported("Not Supported")
-    return [_GPUS[h]["mig"], _GPUS[h]["mig"]]
+    return [mode, mode]
 
 
-def _mig_api():
+def _mig_api() -> None:
     if os.environ.get("FAKE_NVML") == "no-mig-api":
         raise NVMLError_FunctionNotFound("Function Not Found")
 
 
-def nvmlDeviceGetMaxMigDeviceCount(h):
+def nvmlDeviceGetMaxMigDeviceCount(h: int) -> int:
     _mig_api()
     return _GPUS[h]["slots"]
 
 
-def nvmlDeviceGetMigDeviceHandleByIndex(h, j):
+def nvmlDeviceGetMigDeviceHandleByIndex(h: int, j: int) -> tuple[int, int]:
     _mig_api()
     if j not in _GPUS[h]["migs"]:
         raise NVMLError_NotFound("Not Found")
     return (h, j)
 
 
-def nvmlDeviceGetGpuInstanceId(h):
+def nvmlDeviceGetGpuInstanceId(h: tuple[int, int]) -> int:
     return _mig(h)["gi"]
 
 
-def nvmlDeviceGetComputeInstanceId(h):
+def nvmlDeviceGetComputeInstanceId(h: tuple[int, int]) -> int:
     return _mig(h)["ci"]
