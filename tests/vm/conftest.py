@@ -8,8 +8,11 @@ itself (collect_ignore), it boots the VM once, runs them there and reports each 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -66,11 +69,9 @@ def _selection(session: pytest.Session) -> list[str]:
     return GUEST_ARGS if set(wanted) >= set(GUEST_IDS) else [shlex.quote(w) for w in wanted]
 
 
-@pytest.fixture(scope="session")
-def v2_vm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VMRun:
-    """Boot the kernel once and run the selected guest tests in it; skip only where it cannot start."""
-    out = tmp_path_factory.mktemp("vm-v2")
-    script = harness.pytest_script(REPO, sys.executable, _selection(request.session), GUEST_TIMEOUT_S)
+def _boot_and_run(selection: list[str], out: Path) -> VMRun:
+    """Boot the kernel and run *selection* in it; a VMRun that skips where the VM cannot start."""
+    script = harness.pytest_script(REPO, sys.executable, selection, GUEST_TIMEOUT_S)
     start = time.monotonic()
     try:
         boot = harness.boot(script, out, timeout=VM_TIMEOUT_S, keep=(str(REPO), sys.prefix))
@@ -85,6 +86,49 @@ def v2_vm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         f"{len(run.results)} results, guest pytest exit {run.exitstatus}; logs in {out}"
     )
     return run
+
+
+class _Background:
+    """The VM booted in a thread from the end of collection: the guest (one TCG vCPU) runs while the
+    host tests use the other core, and the first VM test waits for it. OOMGUARD_VM_FOREGROUND=1 boots
+    it only when that first test asks, as before (for timing a guest test on its own)."""
+
+    def __init__(self, selection: list[str]) -> None:
+        self.out = Path(tempfile.mkdtemp(prefix="oomguard-vm-v2-"))
+        self.run: VMRun | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, args=(selection,), name="oomguard-vm", daemon=True)
+        self.thread.start()
+
+    def _main(self, selection: list[str]) -> None:
+        try:
+            self.run = _boot_and_run(selection, self.out)
+        except BaseException as exc:  # handed to the test that waits for it
+            self.error = exc
+
+    def result(self) -> VMRun:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.run is not None
+        return self.run
+
+
+_background: list[_Background] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    wanted = any("v2_vm" in getattr(item, "fixturenames", ()) for item in session.items)
+    if wanted and not os.environ.get("OOMGUARD_VM_FOREGROUND") and not session.config.option.collectonly:
+        _background.append(_Background(_selection(session)))
+
+
+@pytest.fixture(scope="session")
+def v2_vm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> VMRun:
+    """Boot the kernel once and run the selected guest tests in it; skip only where it cannot start."""
+    if _background:
+        return _background[0].result()
+    return _boot_and_run(_selection(request.session), tmp_path_factory.mktemp("vm-v2"))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
