@@ -101,8 +101,10 @@ class Watch:
         if ceiling_bytes is not None:
             room = guard_margin(ceiling_bytes, margin_bytes)  # None: no room under the ceiling
             if room is None:  # no line to keep under: admit by reserved bytes only, and say why
-                what = "the default guard margin" if margin_bytes is None else f"the guard margin {margin_bytes} B"
-                sampler, unknown_reason = _unknown, f"{what} leaves no room under the {ceiling_bytes} B ceiling"
+                given = "default guard margin" if margin_bytes is None else f"guard margin {format_size(margin_bytes)}"
+                what = "the " + given
+                ceiling = format_size(ceiling_bytes)
+                sampler, unknown_reason = _unknown, f"{what} leaves no room under the {ceiling} ceiling"
             margin_bytes = room
         self.sampler = sampler
         self.ceiling = ceiling_bytes
