@@ -461,12 +461,6 @@ def group() -> Iterator[Group]:
         yield g
 
 
-def oom_kills(g: Group) -> int:
-    name = "memory.oom_control" if g.version == 1 else "memory.events"
-    line = next(x for x in (g.dir / name).read_text().splitlines() if x.startswith("oom_kill "))
-    return int(line.split()[1])
-
-
 def run_in(g: Group, tmp_path: Path, *args: str, upto: str = str(2 * GiB), mode: str = "grow") -> tuple[int, Any]:
     ev = tmp_path / "ev.jsonl"
     ev.unlink(missing_ok=True)  # this run's events only
@@ -480,11 +474,11 @@ def run_in(g: Group, tmp_path: Path, *args: str, upto: str = str(2 * GiB), mode:
 def test_without_the_guard_the_kernel_kills_with_it_the_worker_is_stopped(group: Group, tmp_path: Path) -> None:
     rc, ev = run_in(group, tmp_path, "--restart", "never")
     assert rc == 137 and (ev[1]["reason"], ev[1]["oom_kills"]) == ("oom-kill", 1)
-    assert oom_kills(group) == 1 and not (tmp_path / "marker").exists()  # no SIGTERM: the kernel's SIGKILL
+    assert group.oom_kills() == 1 and not (tmp_path / "marker").exists()  # no SIGTERM: the kernel's SIGKILL
     rc, ev = run_in(group, tmp_path, "--restart", "never", "--guard")
     end = ev[1]
     assert rc == 0 and (end["reason"], end["oom_kills"], end["exit_code"]) == ("pressure-stop", 0, 0), end
-    assert oom_kills(group) == 1  # not one more: the guard acted first
+    assert group.oom_kills() == 1  # not one more: the guard acted first
     assert (tmp_path / "marker").read_text() == "TERM\n"  # the worker got its SIGTERM
     assert end["guard_margin_bytes"] == 64 * MiB  # max(64 MiB, 2% of 512 MiB)
     assert 448 * MiB <= end["working_set_peak_bytes"] < 512 * MiB
@@ -498,7 +492,7 @@ def test_on_pressure_sigusr1_lets_the_worker_shed_load_and_live(group: Group, tm
     assert (tmp_path / "marker").read_text() == "USR1\n"  # once: the working set fell below 95% after it
     assert 256 * MiB <= ev[1]["working_set_peak_bytes"] < 448 * MiB
     assert ev[1]["message"].endswith("guard: the working set reached the budget 1 time(s)")
-    assert oom_kills(group) == 0
+    assert group.oom_kills() == 0
 
 
 @needs_cgroup
@@ -511,7 +505,7 @@ def test_a_pressure_stop_steps_concurrency_down_on_a_real_group(group: Group, tm
     assert [e["concurrency"] for e in ev if e["event"] == "start"] == [3, 2]
     assert [e["reason"] for e in ev if e["event"] == "exit"] == ["pressure-stop", "clean"]
     assert next(e for e in ev if e["event"] == "restart")["message"] == "after a pressure stop: concurrency 3 -> 2"
-    assert oom_kills(group) == 0
+    assert group.oom_kills() == 0
 
 
 # -- fast growth: sampling faster near the ceiling, and the kernel's wake-up at the stop line -------
@@ -684,7 +678,7 @@ def test_the_kernel_s_wake_up_stops_a_fast_grower_within_a_2_percent_margin(grou
     rc, ev = run_live(group, tmp_path, 4, 0.005, margin_pct=2.0, fast_interval=0.1, kernel_alarm=True)
     end = ev[-1]
     assert rc == 0 and (end["reason"], end["oom_kills"]) == ("pressure-stop", 0), end
-    assert oom_kills(group) == 0 and (tmp_path / "marker").read_text() == "TERM\n"
+    assert group.oom_kills() == 0 and (tmp_path / "marker").read_text() == "TERM\n"
     assert 501 * MiB < end["working_set_peak_bytes"] < 512 * MiB  # past the stop line (512 - 10.24 MiB)
 
 
@@ -696,7 +690,7 @@ def test_fast_sampling_near_the_ceiling_stops_a_grower_the_normal_rate_misses(gr
     rc, ev = run_live(group, tmp_path, 4, 0.005, margin_pct=5.0, fast_interval=0.02, kernel_alarm=False)
     end = ev[-1]
     assert rc == 0 and (end["reason"], end["oom_kills"]) == ("pressure-stop", 0), end
-    assert oom_kills(group) == 0 and (tmp_path / "marker").read_text() == "TERM\n"
+    assert group.oom_kills() == 0 and (tmp_path / "marker").read_text() == "TERM\n"
 
 
 # Writes argv[3] MiB to the file argv[2] (fsync) and reads it back: page cache charged to its group;
@@ -748,6 +742,6 @@ def test_the_kernel_s_wake_up_stops_a_fast_grower_whose_group_is_full_of_page_ca
     assert int(said[0].split()[1]) >= 64 * MiB, said  # more page cache than the margin: the case at hand
     end = ev[-1]
     assert rc == 0 and (end["reason"], end["oom_kills"]) == ("pressure-stop", 0), end
-    assert oom_kills(group) == 0 and said[1:] == ["TERM"]
+    assert group.oom_kills() == 0 and said[1:] == ["TERM"]
     assert 501 * MiB < end["working_set_peak_bytes"] < 512 * MiB  # past the stop line (512 - 10.24 MiB)
     assert re.search(r"woken by the kernel [1-9]\d* time\(s\)$", end["message"]), end["message"]
