@@ -152,6 +152,15 @@ def test_the_tree_peak_leaves_out_the_fork(tmp_path: Path) -> None:
     peak.tick()
     assert peak.result(11 * MiB) == (1484 * 1024, None)  # ru_maxrss under the fork's floor: the sample
     assert peak.result(300 * MiB) == (300 * MiB, None)  # above it: a peak after the exec
+    # the OOM killer chose the worker (the largest), yet its ru_maxrss is under the supervisor's: the OOM
+    # reaper emptied it before it exited (seen in the VM: 7.9 MiB for a worker killed at 64 MiB)
+    stale, why = peak.result(7 * MiB, oom_victim=True)
+    assert stale is None
+    assert why == (
+        "peak unknown: the OOM reaper emptied the worker before it exited, so its high-water mark (7 MiB) "
+        "is stale (at least 1.45 MiB, its last sample)"
+    )
+    assert peak.result(300 * MiB, oom_victim=True) == (300 * MiB, None)  # a fresh one is the peak
     assert run_peak(1484 * 1024, 900 * 1024, 2) == (900 * 1024, "memory.peak")  # the worker's own group wins
     assert run_peak(1484 * 1024, None, None) == (1484 * 1024, "vmhwm")
 

@@ -25,8 +25,12 @@ supervisor's own ``ru_maxrss`` at the start, + 1 MiB): that is a peak after the 
 OOM-killed worker in a 64 MiB v2 group: 59.4 and 60 MiB, against 66 MiB from a small parent).
 What this cannot see: a victim the OOM reaper empties before it exits itself (mm/oom_kill.c,
 ``__oom_reap_task_mm`` unmaps without updating the high-water mark; it waits ``OOM_REAPER_DELAY``,
-2 s, first) has a stale ``ru_maxrss``, and then the peak is the last sample: seen once in the VM
-while the host was loaded (7.4 MiB for that worker), never here. A worker smaller than
+2 s, first) has a stale ``ru_maxrss``: seen in the VM while the host was loaded (7.4 and 7.9 MiB
+for a worker killed at a 64 MiB limit), never here. It is told apart: the OOM killer picks the
+process with the most memory (mm/oom_kill.c, ``oom_badness``: rss + swap + page tables), and the
+supervisor beside it holds its own ``ru_maxrss``, so a worker that was the victim with a
+``ru_maxrss`` under the fork's floor had it emptied; its peak is then unknown (null), and the
+message says the last sample as the lower bound it is, never as the peak. A worker smaller than
 the supervisor and gone before its first sample has no peak (null): the exit message says
 ``ru_maxrss`` only as the bound it is.
 """
@@ -92,11 +96,19 @@ class TreePeak:
             nxt = next(self._due, None)
             self._next = self.start + nxt if nxt is not None else self.clock() + EVERY
 
-    def result(self, ru_maxrss: int | None) -> tuple[int | None, str | None]:
+    def result(self, ru_maxrss: int | None, *, oom_victim: bool = False) -> tuple[int | None, str | None]:
         """The tree's peak: ``ru_maxrss`` (bytes) where it is above the fork's floor, else the samples;
-        and, without either, what ``ru_maxrss`` says (a bound that counts the supervisor's fork)."""
+        and, without either, what ``ru_maxrss`` says (a bound that counts the supervisor's fork). A worker
+        the OOM killer chose (*oom_victim*) with ``ru_maxrss`` under the floor was emptied by the OOM
+        reaper before it exited: unknown, with the last sample as a lower bound."""
         if ru_maxrss is not None and ru_maxrss > self.floor:
             return max(ru_maxrss, self.sampled or 0), None
+        if oom_victim and ru_maxrss is not None:
+            seen = f"at least {format_size(self.sampled)}, its last sample" if self.sampled else "never sampled"
+            return None, (
+                f"peak unknown: the OOM reaper emptied the worker before it exited, so its high-water mark "
+                f"({format_size(ru_maxrss)}) is stale ({seen})"
+            )
         if self.sampled is None and ru_maxrss is not None:
             return None, (
                 f"peak unknown: the worker ended before its VmHWM was sampled (at most {format_size(ru_maxrss)}, "

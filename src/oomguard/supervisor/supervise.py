@@ -250,10 +250,10 @@ class Supervisor:
         rc, maxrss, ended = self._wait(watch, tree, guard)
         e = watch.finish(ended)
         group_peak = self._clean_up(isolation)
-        tree_peak, unknown = tree.result(maxrss)
-        peak, source = run_peak(tree_peak, group_peak, isolation.version if isolation else None)
         uptime = self.clock() - started
         verdict = classify(rc, e)
+        tree_peak, unknown = tree.result(maxrss, oom_victim=verdict.reason == OOM_KILL and verdict.victim == "worker")
+        peak, source = run_peak(tree_peak, group_peak, isolation.version if isolation else None)
         if guard is not None and guard.watch.stop_why is not None:  # the guard stopped it
             verdict = pressure_stopped(verdict, rc, guard.watch.stop_why)
         limit, limited_by = (iso_limit, "isolated") if iso_limit else (ctx["effective_bytes"], ctx["limited_by"])

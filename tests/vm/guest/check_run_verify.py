@@ -25,7 +25,10 @@ def test_run_tells_an_oom_kill_apart_through_memory_events(group: GroupFactory, 
     end = evs[1]
     assert (end["reason"], end["signal"], end["exit_code"], end["oom_victim"]) == ("oom-kill", 9, None, "worker")
     assert end["budget_bytes"] == 32 * MiB
-    assert end["peak_bytes"] > 32 * MiB  # it got past its budget before the kernel stopped it
+    if end["peak_bytes"] is None:  # the OOM reaper emptied it before it exited (a loaded host): said, not hidden
+        assert end["message"].startswith("peak unknown: the OOM reaper emptied the worker"), end["message"]
+    else:
+        assert end["peak_bytes"] > 32 * MiB  # it got past its budget before the kernel stopped it
     assert g.keyed("memory.events")["oom_kill"] == 1
 
 
