@@ -74,13 +74,16 @@ def hammer(
     return sum(ok), sum(bad)
 
 
-def run(db_url: str, label: str, clients: int, seconds: float) -> None:
-    src = arg("--src", str(REPO / "src"))
-    server = ManagerProcess(db_url, env={"PYTHONPATH": src}).start()
+def rates(
+    db_url: str, node_of: Callable[[int], str], clients: int, seconds: float, env: dict[str, str] | None = None
+) -> tuple[float, float, int, int]:
+    """A real manager over *db_url*: its /healthz answers per second, then its reports stored per
+    second (client *i* posts reports of node ``node_of(i)``), and the errors of each."""
+    server = ManagerProcess(db_url, env=env).start()
     report = json.dumps(fixture_report())
 
     def body(i: int) -> bytes:
-        return f'{{"node": "node-{i:05d}", "id": "{uuid.uuid4().hex}", "report": {report}}}'.encode()
+        return f'{{"node": "{node_of(i)}", "id": "{uuid.uuid4().hex}", "report": {report}}}'.encode()
 
     try:
         hammer(server.port, "/healthz", clients, 1.0)  # warm up
@@ -88,7 +91,12 @@ def run(db_url: str, label: str, clients: int, seconds: float) -> None:
         r_ok, r_bad = hammer(server.port, "/api/v1/reports", clients, seconds, body)
     finally:
         server.stop()
-    h, r = h_ok / seconds, r_ok / seconds
+    return h_ok / seconds, r_ok / seconds, h_bad, r_bad
+
+
+def run(db_url: str, label: str, clients: int, seconds: float) -> None:
+    env = {"PYTHONPATH": arg("--src", str(REPO / "src"))}
+    h, r, h_bad, r_bad = rates(db_url, lambda i: f"node-{i:05d}", clients, seconds, env)
     print(
         f"{label:<11} /healthz {h:8.0f}/s   reports {r:8.0f}/s stored   ratio {r / h:5.2f}   "
         f"(errors: healthz {h_bad}, reports {r_bad})"

@@ -2,7 +2,8 @@
 
 1. Whole-process time of the installed console script ``oomguard check --json`` and of
    ``python -m oomguard check --json`` against ``python -c pass``, interleaved in the same run
-   (goal: the console script <= 1.3x; the command line is argparse and the output json.dumps),
+   (goal, ../shared/DESIGN.md: the console script <= 1.5x ``python -c 'import argparse, json'``, the
+   floor the standard library's own tools set; the command line is argparse, the output json.dumps),
    bytecode compiled first as after an install; also ``python -m`` of an empty module (the cost
    of ``-m`` itself: runpy) and ``python -c 'import argparse, json'`` (the floor those two set).
 2. In-process time of ``oomguard.probe()`` (goal: under 2 ms).
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-GOAL = 1.3  # oomguard check --json (console script) against python -c pass
+GOAL = 1.5  # oomguard check --json (console script) against python -c 'import argparse, json'
 SCRIPT = "oomguard check --json (script)"
 FLOOR = "python -c 'import argparse, json'"  # what the standard library's tools cost alone
 
@@ -77,9 +78,7 @@ def main() -> None:
     if SCRIPT in med:
         own = med[SCRIPT] / med[FLOOR]
         print(f"{'script vs import argparse, json':<34} ratio {own:6.3f}   (what oomguard adds to argparse + json)")
-    if SCRIPT in med:
-        ratio = med[SCRIPT] / b
-        print(f"goal: {SCRIPT} <= {GOAL}x python -c pass: {ratio:.3f}x, {'met' if ratio <= GOAL else 'NOT met'}")
+        print(f"goal: {SCRIPT} <= {GOAL}x {FLOOR}: {own:.3f}x, {'met' if own <= GOAL else 'NOT met'}")
     print(
         f"in-process probe()                median {statistics.median(samples) * 1e3:7.3f} ms, "
         f"p90 {samples[int(len(samples) * 0.9)] * 1e3:.3f} ms   (goal < 2 ms)"

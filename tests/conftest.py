@@ -9,9 +9,12 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests.helpers.fuzz import DEFAULT, FAST, examples
+
 # The machine is shared and noisy: no per-example deadline (speed is for bench/, not tests).
 settings.register_profile("oomguard", deadline=None)
-settings.load_profile("oomguard")
+settings.register_profile("oomguard-fast", deadline=None, max_examples=examples(DEFAULT))  # make test-fast
+settings.load_profile("oomguard-fast" if FAST else "oomguard")
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"

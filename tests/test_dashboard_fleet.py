@@ -158,11 +158,14 @@ def test_chart_ranges_ticks_markers_and_hover(browser: Browser, fleet: ManagerPr
     page, watch = logged_in(browser, fleet, **WIDE)
     page.goto(fleet.url + "/nodes/node-05")
     ticks = page.locator("svg.chart text.axis[x='64']").evaluate_all("ts => ts.map(t => t.textContent)")
-    assert ticks == ["0 B", "128 GiB", "256 GiB", "384 GiB", "512 GiB"]  # round steps (a 500 GiB budget)
+    assert ticks == ["0 B", "128 MiB", "256 MiB", "384 MiB", "512 MiB"]  # round steps up to the 512 MiB limit
+    offtop = page.locator("svg.chart g.offtop text").text_content()  # not the 500 GiB budget, which is marked
+    assert offtop == "budget 500 GiB (above the limit)"
     assert page.locator("svg.chart g.oom").count() == 2  # both OOM kills marked
     tip = page.locator("svg.chart .hover rect title").first.text_content() or ""
     assert "UTC" in tip and "working set:" in tip
-    for key in ("1h", "24h", "7d", "30d"):
+    assert page.locator("nav.ranges a").all_inner_texts() == ["15m", "1h", "24h", "7d", "30d"]
+    for key in ("15m", "1h", "24h", "7d", "30d"):
         page.click(f"nav.ranges >> text={key}")
         assert f"range={key}" in page.url
         assert page.locator("nav.ranges a.active").inner_text() == key

@@ -22,6 +22,7 @@ from oomguard.probes.gpu import order_ambiguity, probe_gpus, visible
 from oomguard.sources.gpu import parse_smi_csv
 from oomguard.sources.root import LiveRoot
 from tests.conftest import REPO, run_oomguard
+from tests.helpers.fuzz import examples
 
 FAKES = Path(__file__).parent / "fakes"
 SCHEMA = json.loads((REPO / "src" / "oomguard" / "schema.json").read_text())
@@ -389,7 +390,7 @@ gpu_like = st.fixed_dictionaries(
 specs = st.lists(st.sampled_from(["0", "1", "9", "-1", "GPU-1", "MIG-a", "MIG-GPU-1a/1/0", "all", "", " "]), max_size=4)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     rows=st.lists(gpu_like | gpu_like | json_data, max_size=4),
     top=st.dictionaries(st.sampled_from(["source", "driver_version", "cuda_version", "error"]), json_data),

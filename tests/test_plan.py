@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from oomguard import Shape, make_plan
 from oomguard.errors import UsageError
 from oomguard.policy.profiles import load_profiles, profile_values
-from tests.conftest import run_oomguard
+from tests.conftest import REPO, run_oomguard
 from tests.helpers.trees import make_tree
 
 GiB = 1024**3
@@ -343,6 +343,51 @@ def test_profile_flags_override_and_user_files(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "profile 'x': per_job: expected a size" in proc.stderr
     listing = run_oomguard("plan", "--list-profiles", "--profiles", str(user_json))
     assert listing.returncode == 0 and "porep-c2-32g" in listing.stdout and "mine" in listing.stdout
+
+
+def test_list_profiles_shows_every_field_and_nothing_dangling(tmp_path: Path) -> None:
+    """``plan --list-profiles``: each profile's name and description, every shape field as the planner
+    takes it (pinned_baseline and pin_method included; "(default)" where the profile leaves one out),
+    its other fields as written, and no trailing ": " for a profile without a description."""
+    from oomguard.policy.plan import SHAPE_FIELDS
+
+    user = tmp_path / "p.toml"
+    user.write_text('[mine]\nper_job = "100GiB"\ncpus_per_job = 0.5\npinned_per_job = 1048576\n')
+    proc = run_oomguard("plan", "--list-profiles", "--profiles", str(user))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    blocks = {b.split("\n", 1)[0].split("  ")[0]: b.split("\n") for b in proc.stdout.rstrip("\n").split("\n\n")}
+    assert sorted(blocks) == sorted({*load_profiles(), "mine"})
+    for name, lines in blocks.items():
+        fields = [line.split()[0] for line in lines[1:]]
+        assert fields[: len(SHAPE_FIELDS)] == list(SHAPE_FIELDS), name
+        assert all(line == line.rstrip() and not line.endswith(":") for line in lines), name
+    assert blocks["mine"] == [
+        "mine",
+        "  per_job          100 GiB",
+        "  baseline         0 B (default)",
+        "  pinned_per_job   1 MiB",
+        "  pinned_baseline  0 B (default)",
+        "  pin_method       mlock (default)",
+        "  gpu_per_job      -",
+        "  max_jobs         -",
+        "  cpus_per_job     0.5",
+    ]
+    porep = blocks["porep-c2-32g"]
+    assert porep[0] == "porep-c2-32g  PoRep C2, 32 GiB sector (10 partitions), one job per partition"
+    for line in (
+        "  baseline         70 GiB",
+        "  pinned_baseline  44 GiB",
+        "  pin_method       cuda",
+        "  max_jobs         18",
+        "  baseline_parts   pinned_srs 44GiB, pce 26GiB",
+    ):
+        assert line in porep
+    assert any(line.startswith("  source           Curio PR #1043") for line in porep)
+    doc = (REPO / "docs" / "plan.md").read_text()
+    assert "\n".join(porep) in doc  # docs/plan.md shows this block as it is printed
+    user.write_text('[mine]\nper_job = "100GiB"\npin_method = "glue"\n')
+    proc = run_oomguard("plan", "--list-profiles", "--profiles", str(user))
+    assert proc.returncode == 2 and "profile 'mine': pin_method: expected one of cuda, mlock, rdma" in proc.stderr
 
 
 def test_shape_rejects_nonsense() -> None:

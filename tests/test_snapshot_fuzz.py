@@ -29,6 +29,7 @@ from oomguard.errors import SnapshotError
 from oomguard.probes import probe_system
 from oomguard.sources.root import DirRoot, TarRoot
 from tests.conftest import FIXTURES, REPO, run_oomguard
+from tests.helpers.fuzz import examples
 
 SCHEMA = json.loads(resources.files("oomguard").joinpath("schema.json").read_text())
 VALIDATOR = jsonschema.validators.validator_for(SCHEMA)(SCHEMA)  # built once: validate() checks the schema each call
@@ -187,7 +188,7 @@ def probe_cleanly(spec: str) -> dict[str, Any] | None:
     return report
 
 
-FUZZ = settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 NUL_IN_GROUP: dict[str, str | bytes] = {
@@ -221,7 +222,7 @@ def test_any_tarball_gives_a_report_or_a_snapshot_error(tree: dict[str, str | by
         probe_cleanly(tarball)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(st.binary(max_size=400))
 def test_garbage_tarball_is_a_snapshot_error(data: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,12 +36,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _list_profiles(args: argparse.Namespace) -> int:
     from oomguard.policy.profiles import load_profiles
 
-    for name, p in sorted(load_profiles(args.profiles).items()):
-        sys.stdout.write(
-            f"{name:<16} per_job {p.get('per_job')}, baseline {p.get('baseline', 0)}, "
-            f"max_jobs {p.get('max_jobs', '-')}: {p.get('description', '')}\n"
-        )
+    profiles = sorted(load_profiles(args.profiles).items())
+    sys.stdout.write("\n".join(format_profile(name, p) for name, p in profiles))
     return EXIT_OK
+
+
+def format_profile(name: str, profile: Mapping[str, object]) -> str:
+    """A profile as ``plan --list-profiles`` shows it: its name and description, then every shape
+    field as the planner takes it (a field the profile leaves out says "(default)", "-" where the
+    planner has no value: no constraint), then the profile's other fields (``baseline_parts``,
+    ``source``, ...) as written."""
+    from oomguard.policy.plan import SHAPE_FIELDS, Shape
+    from oomguard.policy.profiles import SIZE_FIELDS, profile_values
+
+    fields = dict(profile_values(name, dict(profile)))
+    shape = Shape(fields.pop("per_job"), **fields)  # type: ignore[arg-type]
+    description = profile.get("description")
+    lines = [f"{name}  {description}" if description else name]
+    for key in SHAPE_FIELDS:
+        value = getattr(shape, key)
+        default = "" if key in profile or value is None else " (default)"
+        lines.append(f"  {key:<16} {_shown(value, sized=key in SIZE_FIELDS)}{default}")
+    lines += [f"  {k:<16} {_shown(v)}" for k, v in profile.items() if k not in SHAPE_FIELDS and k != "description"]
+    return "\n".join(lines) + "\n"
+
+
+def _shown(value: object, *, sized: bool = False) -> str:
+    """One field's value: "-" for none, a size in binary units, a number, a table as "key value, ..."."""
+    if value is None:
+        return "-"
+    if sized and isinstance(value, int):
+        return format_size(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_shown(v)}" for k, v in value.items())
+    return str(value)
 
 
 def execute(args: argparse.Namespace) -> int:

@@ -6,18 +6,22 @@ through ``app.state`` (``web.deps``). A database that fails or hangs answers 503
 (not the client's fault: agents keep the report in their spool), counted and logged once per
 episode (``store.health``). A request its envelope refuses answers 422 with the reasons, never echoing
 the input back (FastAPI's default handler does, and fails on NaN). The API is described by
-``/openapi.json``; there is no ``/docs`` or ``/redoc`` page, whose scripts would come from a CDN
-that the Content-Security-Policy (rightly) blocks.
+``/openapi.json`` and browsed at ``/docs`` (Swagger UI, behind the viewer token like every page),
+its assets served from here: see ``docs_page``. There is no ``/redoc``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from html import escape
+from importlib import resources
+from json import dumps
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import swagger_ui_default_parameters
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -32,12 +36,25 @@ from oomguard.manager.store import Store
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth
 from oomguard.manager.web import api, forget, pages, views
 from oomguard.manager.web.middleware import AllowedHosts, BodyLimit, Headers
+from oomguard.manager.web.pages import viewer_pages
 from oomguard.manager.web.sessions import FailureLimiter, Sessions
 
 DESCRIPTION = (
     "Every node's memory truth and OOM history. Agents POST reports and events; readers GET nodes, alerts and metrics."
 )
 RETRY_AFTER_S = 5
+DOCS_ASSETS = "/docs/assets"
+# Swagger UI's start, read from the page's data-config: the CSP (web/middleware.py) allows scripts
+# from 'self' only, so the page cannot carry FastAPI's inline <script> (get_swagger_ui_html) and
+# keeps the CSP of every other page (CSP Level 3, "script-src": an inline script needs
+# 'unsafe-inline', a nonce or a hash, https://www.w3.org/TR/CSP3/#directive-script-src).
+DOCS_INIT_JS = """"use strict";
+(function () {
+  var config = JSON.parse(document.getElementById("swagger-ui").dataset.config);
+  config.presets = [SwaggerUIBundle.presets.apis];
+  window.ui = SwaggerUIBundle(config);
+})();
+"""
 
 
 @asynccontextmanager
@@ -80,6 +97,38 @@ async def validation_failed(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=422)
 
 
+def docs_page(app: FastAPI) -> None:
+    """``/docs``: Swagger UI on this host, behind the viewer token (``pages.viewer_pages``: without
+    it, a redirect to ``/login`` like every page). FastAPI's recipe, "Custom Docs UI Static Assets
+    (Self-Hosting)" (https://fastapi.tiangolo.com/how-to/custom-docs-ui-assets/), with the assets
+    of the ``fastapi-offline`` package (its ``static/``: Swagger UI 5's ``swagger-ui-bundle.js`` and
+    ``swagger-ui.css``, https://github.com/turettn/fastapi_offline) and the start script above
+    instead of an inline one. ``validatorUrl: null``: Swagger UI would otherwise send the schema
+    to validator.swagger.io (Swagger UI's configuration docs, "validatorUrl")."""
+    static = resources.files("fastapi_offline") / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(static)), name="docs-assets")
+    config = {**swagger_ui_default_parameters, "url": app.openapi_url, "validatorUrl": None}
+    body = (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(app.title)}: API</title>"
+        f'<link rel="stylesheet" href="{DOCS_ASSETS}/swagger-ui.css"></head>'
+        f'<body><div id="swagger-ui" data-config="{escape(dumps(config))}"></div>'
+        f'<script src="{DOCS_ASSETS}/swagger-ui-bundle.js"></script><script src="/docs/init.js"></script>'
+        "</body></html>\n"
+    )
+    router = viewer_pages()
+
+    @router.get("/docs", response_class=HTMLResponse)
+    def docs() -> HTMLResponse:
+        return HTMLResponse(body)
+
+    @router.get("/docs/init.js")
+    def docs_init() -> Response:
+        return Response(DOCS_INIT_JS, media_type="text/javascript")
+
+    app.include_router(router)
+
+
 def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     """The ASGI app. The schema must exist already (``oomguard.manager.db.migrate``)."""
     if store is None:
@@ -115,4 +164,5 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     for router in (*api.routers, *views.routers, forget.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=views.STATIC_DIR), name="static")
+    docs_page(app)
     return app

@@ -2,8 +2,11 @@
 
 What a chart library would add, drawn here in a few lines each:
 
-- a time range (``RANGES``: 1 h, 24 h, 7 d, 30 d), the x axis spanning exactly that range up to now;
+- a time range (``RANGES``: 15 min, 1 h, 24 h, 7 d, 30 d), the x axis spanning exactly that range up to now;
 - round y ticks: steps of a power of two in bytes (128 GiB, 256 GiB, ...), at most ``MAX_TICKS``;
+- a y axis as high as the limit and the data need (``y_needed``): a budget above them (a bogus
+  20 GiB on a 2 GiB node) would squash every other line to the bottom, so it is not drawn to
+  scale but marked at the top, an arrow and "budget 20 GiB (above the limit)";
 - gaps left as gaps: a step between two reports more than ``GAP_FACTOR`` times both its
   neighbouring steps (a missed report, a stopped agent) ends the line; retention's thinning
   (every report of the last hour, then one an hour) is regular, so it is not taken for a gap;
@@ -34,7 +37,7 @@ SERIES = (  # key, label, css class
     ("usage_bytes", "usage", "s-usage"),
     ("working_set_bytes", "working set", "s-ws"),
 )
-RANGES = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+RANGES = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 W, H, LEFT, RIGHT, TOP, BOTTOM = 760, 260, 70, 10, 10, 30
 MAX_TICKS = 6
 GAP_FACTOR = 3
@@ -47,6 +50,21 @@ def y_step(top: float) -> int:
     while step * MAX_TICKS < top:
         step *= 2
     return step
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def y_needed(points: list[Point]) -> int:
+    """The top the y axis must reach: the limit, usage and working set, and the budget only where
+    it is not above all of them (without a limit nothing says a budget is bogus: it counts)."""
+    keys = ("effective_bytes", "usage_bytes", "working_set_bytes")
+    data: list[int] = [h[k] for _, h in points for k in keys if _is_int(h.get(k))]
+    budgets: list[int] = [h["budget_bytes"] for _, h in points if _is_int(h.get("budget_bytes"))]
+    if not any(_is_int(h.get("effective_bytes")) for _, h in points):
+        return max(data + budgets)
+    return max(data + [b for b in budgets if b <= max(data)])
 
 
 def segments(points: list[Point]) -> list[list[Point]]:
@@ -88,7 +106,7 @@ def stop_words(e: dict[str, Any]) -> str:
 
 
 def _bytes(v: Any) -> str:
-    return format_size(v) if isinstance(v, int) and not isinstance(v, bool) else "unknown"
+    return format_size(v) if _is_int(v) else "unknown"
 
 
 def _utc(t: float, fmt: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
@@ -124,16 +142,45 @@ def _axes(f: _Frame, step: int) -> list[str]:
     return parts
 
 
+def in_range(points: list[Point], key: str, top: float) -> list[list[Point]]:
+    """The runs of *points* whose *key* is a number no higher than *top*, cut at gaps (``segments``)."""
+    runs: list[list[Point]] = [[]]
+    for t, h in points:
+        if _is_int(h.get(key)) and h[key] <= top:
+            runs[-1].append((t, h))
+        elif runs[-1]:
+            runs.append([])
+    return [seg for run in runs if run for seg in segments(run)]
+
+
 def _lines(f: _Frame, points: list[Point]) -> list[str]:
-    """Each series as polylines, one per segment; a dot on each point when there are few."""
+    """Each series as polylines, one per segment of the values on the axis; a dot on each point
+    when there are few."""
     parts = []
     for key, label, css in SERIES:
-        for seg in segments([(t, h) for t, h in points if isinstance(h.get(key), int)]):
+        for seg in in_range(points, key, f.top):
             coords = " ".join(f"{f.x(t):.1f},{f.y(h[key]):.1f}" for t, h in seg)
             parts.append(f'<polyline class="{css}" points="{coords}"><title>{html.escape(label)}</title></polyline>')
             if len(points) <= 60:
                 parts.extend(f'<circle class="{css}" cx="{f.x(t):.1f}" cy="{f.y(h[key]):.1f}" r="3"/>' for t, h in seg)
     return parts
+
+
+def _off_top(f: _Frame, points: list[Point]) -> list[str]:
+    """A budget above the axis: an arrow up at its latest such report, "budget 20 GiB (above the limit)"."""
+    over = [(t, h["budget_bytes"]) for t, h in points if _is_int(h.get("budget_bytes")) and h["budget_bytes"] > f.top]
+    if not over:
+        return []
+    t, budget = over[-1]
+    x = f.x(t)
+    words = html.escape(f"budget {format_size(budget)} (above the limit)")
+    tx, anchor = (x - 8, "end") if x - LEFT > (W - LEFT - RIGHT) / 2 else (x + 8, "start")
+    return [
+        f'<g class="offtop"><polyline class="s-budget" points="{x - 5:.1f},{TOP + 7} {x:.1f},{TOP + 1} '
+        f'{x + 5:.1f},{TOP + 7} {x:.1f},{TOP + 1} {x:.1f},{TOP + 16}"/>'
+        f'<text class="axis" x="{tx:.1f}" y="{TOP + 12}" text-anchor="{anchor}">{words}</text>'
+        f"<title>{words}: off the top of the chart, which stops at the limit and the data</title></g>"
+    ]
 
 
 def _hover(f: _Frame, points: list[Point]) -> list[str]:
@@ -188,15 +235,16 @@ def memory_chart(
     over the history's own span. A short note when there is nothing to draw."""
     timed = sorted(((parse_iso(h.get("time")), h) for h in history), key=lambda p: p[0] or 0)
     points: list[Point] = [(t, h) for t, h in timed if t is not None and (not span_s or t >= now - span_s)]
-    values = [h[k] for _, h in points for k, _, _ in SERIES if isinstance(h.get(k), int)]
+    values = [h[k] for _, h in points for k, _, _ in SERIES if _is_int(h.get(k))]
     if not points or not values:
         return '<p class="muted">No reports in this range.</p>'
     t0, t1 = (now - span_s, now) if span_s else (points[0][0], points[-1][0])
-    step = y_step(max(values))
-    f = _Frame(t0, t1, -(-max(values) // step) * step)
+    needed = y_needed(points)
+    step = y_step(needed)
+    f = _Frame(t0, t1, -(-needed // step) * step)
     parts = [f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-label="memory over time">']
     markers = _ooms(f, oom_times(events or [])) + _stops(f, exit_events(events or [], "pressure-stop"))
-    parts += _axes(f, step) + _lines(f, points) + _hover(f, points) + markers
+    parts += _axes(f, step) + _lines(f, points) + _off_top(f, points) + _hover(f, points) + markers
     parts.append("</svg>")
     legend = "".join(f'<span class="legend {css}">{html.escape(label)}</span>' for _, label, css in SERIES)
     legend += '<span class="legend s-oom">OOM kill</span><span class="legend s-stop">pressure stop</span>'
