@@ -6,6 +6,12 @@ STAMP   := $(VENV)/.installed-dev
 
 CONSTRAINTS := constraints.txt
 
+# Let Python and pytest keep their bytecode (gitignored __pycache__/): with PYTHONDONTWRITEBYTECODE
+# set, as on this machine, pytest rewrites and compiles every test module and every module of a
+# plugin's distribution (schemathesis: hundreds) on each run and in each xdist worker, about 15 s
+# of CPU per process here ("pytest -p no:cacheprovider --collect-only" under cProfile).
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: run test test-fast deps lint typecheck pytest cov fmt bench clean system-deps pyz upgrade-deps
 
 # The dev tools and the manager's libraries at the versions in constraints.txt (pip -c).

@@ -20,6 +20,7 @@ from oomguard.manager.db import make_engine, migrate, reports
 from oomguard.manager.settings import Settings
 from oomguard.manager.times import parse_iso_ms
 from tests.conftest import REPO
+from tests.helpers.fuzz import examples
 from tests.manager_helpers import AGENT, VIEWER_H, ManagerProcess, free_port
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -147,7 +148,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _APP)
 
 
 @schema.parametrize()
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_never_answers_5xx(case: schemathesis.Case[Any]) -> None:
     case.call_and_validate(checks=[not_a_server_error])
 

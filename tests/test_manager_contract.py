@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from oomguard.manager import contract, reportschema
 from oomguard.policy.plan import Shape, make_plan
+from tests.helpers.fuzz import examples
 from tests.manager_helpers import fixture_report, json_paths
 
 SCHEMA = reportschema.schema()
@@ -88,7 +89,7 @@ def test_a_real_report_fits_strictly_and_as_the_manager_takes_it() -> None:
 
 
 @given(report=broken_reports())
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 def test_the_validator_agrees_with_jsonschema_strict_and_relaxed(report: dict[str, Any]) -> None:
     assert (reportschema.problem(report, relaxed=False) is None) == STRICT.is_valid(report)
     assert (reportschema.problem(report) is None) == RELAXED.is_valid(report)

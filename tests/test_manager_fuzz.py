@@ -33,6 +33,7 @@ from schemathesis.core.result import Ok
 from oomguard.manager.app import create_app
 from oomguard.manager.db import migrate
 from oomguard.manager.settings import Settings
+from tests.helpers.fuzz import examples
 from tests.manager_helpers import db_url_of, fixture_report, json_paths, local_client
 
 COUNTS = {"schemathesis cases": 0, "hypothesis bodies": 0, "hypothesis deletes": 0, "server errors": 0}
@@ -74,7 +75,7 @@ def test_api_never_answers_5xx(fuzz_app: Any) -> None:
         cases = st.one_of(*(operation.as_strategy(generation_mode=mode) for mode in GenerationMode))  # type: ignore[attr-defined]  # a StrEnum: mypy reads 3.10
 
         @given(case=cases)
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=examples(25), deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def run(case: schemathesis.Case[Any]) -> None:
             COUNTS["schemathesis cases"] += 1
             response = case.call(base_url="http://localhost")
@@ -141,7 +142,7 @@ def body_client(fuzz_app: Any) -> Iterator[Any]:
 
 
 @given(body=report_bodies())
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 def test_report_bodies_never_get_5xx_and_every_page_stays_up(body_client: Any, body: tuple[str, bytes]) -> None:
     COUNTS["hypothesis bodies"] += 1
     node, raw = body
@@ -176,7 +177,7 @@ def admin_client(fuzz_app: Any) -> Iterator[Any]:
 
 
 @given(steps=st.lists(st.tuples(WRITES, NAMES), min_size=1, max_size=6))
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 def test_forgetting_nodes_never_gets_5xx(admin_client: Any, steps: list[tuple[str, str]]) -> None:
     admin = {"Authorization": f"Bearer {ADMIN}", "Accept": "application/json"}
     for write, name in steps:
