@@ -199,7 +199,7 @@ def test_the_package_exports_what_the_commands_use() -> None:
     from oomguard import agent
 
     public = {name for name in vars(agent) if not name.startswith("_")} - {"annotations"}
-    modules = {"client", "forwarder", "log", "loop", "node", "rejected", "sender", "spool"}
+    modules = {"client", "forwarder", "gate", "labels", "log", "loop", "node", "rejected", "sender", "spool"}
     assert sorted(agent.__all__) == sorted(public - modules)
     assert set(agent.__all__) == {
         "EventForwarder",
@@ -208,6 +208,8 @@ def test_the_package_exports_what_the_commands_use() -> None:
         "Spool",
         "default_node_name",
         "default_spool_dir",
+        "gate_event",
+        "node_labels",
         "run_agent",
         "sanitize_node_name",
     }

@@ -6,8 +6,10 @@ PostgreSQL, for fleets built around the boundaries where SQL and Python could di
   and near 2**53 and 2**63 where a double's spacing is 2 to 2,048 bytes;
 - the memlock code in the warning list, in other cases and as part of longer codes (SQLite's LIKE
   ignores ASCII case: https://sqlite.org/lang_expr.html#like);
-- NULL host, budget or limit; offline, run-only and archived nodes; OOM kills and pressure stops
-  just inside and on the one-hour line.
+- the working-set line (``ws >= line * eff``, or ``ws > budget``): working sets near the product
+  and the budget, for two lines, with the report just current and just not;
+- NULL host, budget or limit; offline, run-only, refused and archived nodes; OOM kills and pressure
+  stops just inside and on the one-hour line.
 """
 
 from __future__ import annotations
@@ -76,13 +78,29 @@ WARNINGS = [
 ]
 
 
+LINES = (0.9, 0.75)
+
+
+def working_sets(eff: int | None, budget: int | None) -> list[int | None]:
+    """Working sets around each line of *eff* and around *budget*, and none."""
+    out: set[int] = {0}
+    for line in LINES:
+        if eff:
+            out |= near(line * eff)
+    if budget is not None:
+        out |= {v for v in (budget - 1, budget, budget + 1) if 0 <= v <= BIG}
+    return [None, *sorted(out)]
+
+
 def build_fleet(url: str, seed: int) -> None:
-    """Nodes with the budget rows above, random statuses, warnings and recent exits (by *seed*)."""
+    """Nodes with the budget rows above, random statuses, warnings, working sets, refusals and
+    recent exits (by *seed*)."""
     rnd = random.Random(seed)
     node_rows, event_rows = [], []
     for i, (eff, host, budget) in enumerate(budget_rows()):
         name = rnd.choice(["n", "N", "a", "Z", "m_", "m-", "m.", "0"]) + f"{i:04d}-{rnd.randrange(10**6)}"
         reported = rnd.random() > 0.1
+        refused = rnd.random() < 0.05
         node_rows.append(
             {
                 "id": i + 1,
@@ -95,6 +113,13 @@ def build_fleet(url: str, seed: int) -> None:
                 "budget_bytes": budget,
                 "warnings": rnd.choice(WARNINGS) if reported else None,
                 "archived_ms": NOW - HOUR_MS if rnd.random() < 0.05 else None,
+                "working_set_bytes": rnd.choice(working_sets(eff, budget)),
+                "ws_high_since_ms": rnd.choice([None, NOW - HOUR_MS]),
+                "last_event_ms": rnd.choice([None, NOW, NOW - 10 * HOUR_MS]),
+                "refused_ms": NOW - 5 * INTERVAL if refused else None,
+                "refused_step": "plan" if refused else None,
+                "refused_exit_code": 3 if refused else None,
+                "refused_message": "plan: 0 jobs of 24 GiB fit the 16 GiB budget" if refused else None,
             }
         )
         for k in range(rnd.choice([0, 0, 1, 2])):
@@ -137,10 +162,10 @@ def reference(alerts: list[dict[str, Any]], shown: int, show_all: str, start: in
     return {"total": len(alerts), "groups": groups}
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_groups_and_alerts_column_agree_with_the_full_list(db_url: str, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "line"), [(1, LINES[0]), (2, LINES[1])])
+def test_groups_and_alerts_column_agree_with_the_full_list(db_url: str, seed: int, line: float) -> None:
     build_fleet(db_url, seed)
-    store = Store(make_engine(db_url), clock=lambda: NOW, default_interval_s=INTERVAL / 1000)
+    store = Store(make_engine(db_url), clock=lambda: NOW, default_interval_s=INTERVAL / 1000, working_set_line=line)
     full = store.alerts()
     kinds = Counter(a["kind"] for a in full)
     assert set(kinds) == set(KINDS), kinds  # the fleet reaches every kind ...
@@ -154,6 +179,12 @@ def test_groups_and_alerts_column_agree_with_the_full_list(db_url: str, seed: in
     per_node = Counter(a["node"] for a in full)
     listed = store.list_nodes(limit=10_000)["nodes"]
     assert {n["name"]: n["alerts"] for n in listed if n["alerts"]} == dict(per_node)
+    for n in listed:  # the node page's alerts: the same words
+        detail = store.node_detail(n["name"], events_limit=1)
+        assert detail is not None and detail["open_alerts"] == [a for a in full if a["node"] == n["name"]]
+    # the Python side of the line, on every working set the SQL side saw
+    high = {a["node"] for a in full if a["kind"] == "working-set-high"}
+    assert high and all(n["current"] for n in listed if n["name"] in high)
 
 
 def test_ballpark_in_floating_point_both_sides(db_url: str) -> None:
@@ -247,7 +278,7 @@ def test_a_new_alert_kind_is_one_entry(db_url: str, monkeypatch: pytest.MonkeyPa
             ],
         )
     store = Store(engine, clock=lambda: NOW)
-    big = {"node": "big", "kind": "budget-over-100", "severity": "warning", "message": "budget 500"}
+    big = {"node": "big", "kind": "budget-over-100", "severity": "warning", "message": "budget 500", "since": None}
     assert store.alerts() == [big]
     groups = store.alert_groups(5)
     assert groups["total"] == 1 and [(g["kind"], g["severity"], g["count"]) for g in groups["groups"]] == [

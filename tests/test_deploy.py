@@ -224,6 +224,8 @@ def _stub_bin(tmp_path: Path, run_body: str) -> Path:
     stub.write_text(
         "#!/bin/sh\n"
         "cmd=$1\n"
+        # The gate's one-shot report (agent --once) is recorded apart and done at once.
+        'case "$cmd $*" in "agent "*" --once "*) printf "%s\\n" "$@" > "$STUB_DIR/agent-once.argv"; exit 0 ;; esac\n'
         # The agent's trap is in place before it says it is ready, so a TERM is never missed.
         'if [ "$cmd" = agent ]; then trap \'echo TERM > "$STUB_DIR/agent.signal"; exit 0\' TERM; fi\n'
         'printf "%s\\n" "$@" > "$STUB_DIR/$cmd.argv"\nenv > "$STUB_DIR/$cmd.env"\n'
@@ -297,7 +299,8 @@ def test_worker_entrypoint_runs_agent_and_run(tmp_path: Path) -> None:
         "--budget",
         "{budget}",
     ]
-    assert agent_argv == ["agent", "--manager", URL]
+    passed = ["--gate", "check", "--gate-exit", "0", "--gate-message", "passed: check --require 1B"]
+    assert agent_argv == ["agent", "--manager", URL, *passed]  # its first report says the gate passed
     assert (tmp_path / "agent.signal").read_text().strip() == "TERM", "the agent is stopped when run ends"
     # Real flags, as oomguard parses them: the worker's command line comes out whole.
     values, worker = parses("run", run_argv[1:])
@@ -326,7 +329,9 @@ def test_worker_entrypoint_agent_off_execs_run(tmp_path: Path) -> None:
     worker = ["my-worker", "--budget", "{budget}", "--note", "two words"]
     proc = subprocess.run(_image_argv(worker), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert not (tmp_path / "agent.argv").exists()
+    assert not (tmp_path / "agent.argv").exists()  # no agent loop: the gate's pass is sent by a one-shot
+    once = (tmp_path / "agent-once.argv").read_text().splitlines()
+    assert once[:4] == ["agent", "--manager", URL, "--node"] and "--once" in once and "--gate" in once
     run_argv = (tmp_path / "run.argv").read_text().splitlines()
     assert run_argv == [
         "run",
@@ -616,6 +621,16 @@ def test_k8s_worker_keeps_the_entrypoint() -> None:
     assert os.path.dirname(env_value(c, "OOMGUARD_SPOOL")) in mounts, "the spool is on a volume"
 
 
+def test_k8s_worker_labels_its_node_with_the_kubernetes_node() -> None:
+    """The downward API's spec.nodeName, in the variable oomguard reads for the k8s_node_name label."""
+    from oomguard.agent.labels import ENV_LABELS, environment_labels
+
+    _, c = worker_container()
+    assert "K8S_NODE_NAME" in ENV_LABELS
+    assert env_value(c, "K8S_NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert environment_labels({"K8S_NODE_NAME": "gke-pool-1-abcd"}) == {"k8s_node_name": "gke-pool-1-abcd"}
+
+
 def test_k8s_service_monitor() -> None:
     (sm,) = by_kind("ServiceMonitor").values()
     services = [
@@ -674,10 +689,13 @@ def metric_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     with TestClient(create_app(settings), base_url="http://localhost") as client:
         assert client.get("/healthz").status_code == 200
         assert client.post("/api/v1/reports", json=envelope("node-a", fixture_report()), headers=AGENT_H).is_success
+        hot = fixture_report()  # a node at its limit: the working-set alert's series exists only while it lasts
+        hot["memory"]["working_set_bytes"] = hot["memory"]["effective_bytes"]
+        assert client.post("/api/v1/reports", json=envelope("node-hot", hot), headers=AGENT_H).is_success
         assert client.get("/metrics").status_code == 401, "/metrics needs the viewer token"
         resp = client.get("/metrics", headers=VIEWER_H)
         assert resp.status_code == 200
-    names = set(re.findall(r"^(oomguard_\w+)\{", resp.text, re.M))
+    names = set(re.findall(r"^(oomguard_\w+)[{ ]", resp.text, re.M))
     assert "oomguard_node_up" in names
     return names
 

@@ -258,10 +258,12 @@ def test_risk_is_the_default_order(client: TestClient) -> None:
     pinned["warnings"].append({"code": "memlock-too-low", "message": "x"})
     report(client, "d-big-alerting", pinned)
     event(client, "d-big-alerting", event="exit", reason="pressure-stop")
-    riskiest = ["f-oom", "b-small", "d-big-alerting", "e-host-sized", "a-big", "c-blind"]
+    # The live danger first: working set over limit, then open alerts, then OOM kills (f-oom's one
+    # kill is history next to b-small's 15.6 % now).
+    riskiest = ["b-small", "d-big-alerting", "f-oom", "e-host-sized", "a-big", "c-blind"]
     assert names(client, "") == riskiest  # no sort given: risk
     assert names(client, "sort=risk") == riskiest
-    assert names(client, "sort=-risk") == ["c-blind", "a-big", "e-host-sized", "d-big-alerting", "b-small", "f-oom"]
+    assert names(client, "sort=-risk") == ["c-blind", "a-big", "e-host-sized", "f-oom", "d-big-alerting", "b-small"]
     assert names(client, "sort=working_set_pct")[-1] == "c-blind"  # unknown last, both ways
     assert names(client, "sort=-working_set_pct")[-1] == "c-blind"
     assert names(client, "sort=-working_set_pct")[0] == "b-small"
@@ -404,7 +406,9 @@ def test_silent_nodes_are_archived_and_come_back(client: TestClient, clock: Cloc
     assert cards["effective_bytes"] == 342 * GiB  # the archived node's memory left the card
     assert store.thin()["archived_nodes"] == 0  # archived once
     event(client, "silent", event="start", pid=2)  # its supervisor is back: so is the node
-    assert "silent" in listed(client) and listed(client)["silent"]["status"] == "offline"  # no report yet
+    back = listed(client)["silent"]
+    assert back["status"] == "online" and not back["current"]  # alive by its supervisor; its report is old
+    assert back["working_set_pct"] is None and back["last_working_set_pct"] is not None
     clock.t += 8 * DAY_MS
     store.thin()
     assert names(client, "status=archived&sort=name") == ["alive", "runner", "silent"] and listed(client) == {}
@@ -494,11 +498,12 @@ def test_a_node_known_only_from_run_events_is_run_only_while_its_heartbeat_lasts
     assert listed(client)["runner"]["status"] == "run-only" and listed(client)["agent"]["status"] == "offline"
     answer, sent_id = heartbeat(client, "runner", 60)
     assert answer == {"stored": True, "id": sent_id}
-    heartbeat(client, "agent", 60)  # an agent's node stays judged by its reports
+    heartbeat(client, "agent", 60)  # a heartbeat counts for an agent's node too: alive, its report not current
+    assert listed(client)["agent"]["status"] == "online" and not listed(client)["agent"]["current"]
     clock.t += 2 * MIN_MS + 50_000
     rows = listed(client)
-    assert rows["runner"]["status"] == "run-only" and rows["agent"]["status"] == "offline"
-    assert rows["runner"]["last_seen"] != rows["agent"]["last_seen"]
+    assert rows["runner"]["status"] == "run-only" and rows["agent"]["status"] == "online"
+    assert rows["agent"]["last_seen"] > rows["agent"]["last_report"]  # the heartbeat, after the report
     assert metric_lines(client, "runner")["oomguard_node_up"] == 1 and alerts_of(client, "runner") == []
     assert summary(client)["run_only"] == 1
     clock.t += 3 * MIN_MS + 1  # three missed heartbeats

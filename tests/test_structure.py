@@ -45,7 +45,9 @@ import pytest
 PACKAGE = "oomguard"
 SRC = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 
-CORE = frozenset(f"{PACKAGE}.{m}" for m in ("errors", "units", "report", "times", "_types", "_version", "nodes"))
+CORE = frozenset(
+    f"{PACKAGE}.{m}" for m in ("errors", "units", "report", "times", "_types", "_version", "nodes", "labels")
+)
 TOP = frozenset({PACKAGE, f"{PACKAGE}.__main__", f"{PACKAGE}.cli"})
 LAYERS = ("core", "sources", "probes", "policy", "runtime", "supervisor", "verify", "agent", "commands", "top")
 RANK = {name: i for i, name in enumerate(LAYERS)}

@@ -102,7 +102,12 @@ def logged_in(browser: Browser, server: ManagerProcess, **context: Any) -> tuple
 
 
 def rows(page: Page) -> list[str]:
-    return page.locator("table.nodes tbody tr td:first-child").all_inner_texts()
+    """The node names of the table, in order (a row without a node: its text, "No node matches.");
+    the Node cell's labels and the group heading rows left out."""
+    names: list[str] = page.locator("table.nodes tbody tr td:first-child").evaluate_all(
+        "cs => cs.map(c => (c.querySelector('a.node') || c).innerText.trim())"
+    )
+    return names
 
 
 def fits(page: Page, width: int) -> None:

@@ -199,10 +199,14 @@ class Client:
 
     def post(self, kind: str, body: dict[str, Any]) -> Outcome:
         """One POST of *body* to the *kind* endpoint. Network errors never raise."""
+        return self.post_within(kind, body, self.timeout)
+
+    def post_within(self, kind: str, body: dict[str, Any], timeout: float) -> Outcome:
+        """``post``, each network operation within *timeout* seconds (not the client's)."""
         req = self._request(kind, body)
         try:
             # the status line said stored; the rest of the answer does not matter
-            with self._opener.open(req, timeout=self.timeout) as resp:
+            with self._opener.open(req, timeout=timeout) as resp:
                 status = int(resp.status)
                 with contextlib.suppress(OSError, http.client.HTTPException):
                     resp.read(1 << 20)

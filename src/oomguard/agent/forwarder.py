@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from oomguard.agent.client import Client
@@ -34,12 +34,20 @@ WAKE_S = 30.0  # the thread retries what waits in the spool at least this often
 class EventForwarder:
     """A sink for supervisor events: spooled at once (durable), sent by a background thread.
 
+    Every envelope, heartbeats included, carries *labels* when there are any (``Sender.envelope``).
     ``BadParameter`` for a bad ``manager``, ``token`` or ``spool`` (the command line names the flag)."""
 
     def __init__(
-        self, manager: str, token: str, node: str, spool_dir: str, *, heartbeat_s: float = HEARTBEAT_S
+        self,
+        manager: str,
+        token: str,
+        node: str,
+        spool_dir: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
-        self.sender = Sender(manager, token, open_spool(spool_dir), timeout=5.0)
+        self.sender = Sender(manager, token, open_spool(spool_dir), timeout=5.0, labels=labels)
         self._beats = Client(manager, token, timeout=HEARTBEAT_TIMEOUT_S)
         self.node = sanitize_node_name(node)
         if self.node != node:
@@ -54,7 +62,7 @@ class EventForwarder:
         self._thread.start()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        body = {"node": self.node, "id": uuid.uuid4().hex, "event": event}
+        body = self.sender.envelope(self.node, event=event)
         try:
             self.sender.spool.put("event", body)
         except SpoolError as e:
@@ -84,7 +92,7 @@ class EventForwarder:
         """Post a heartbeat directly (never spooled); whatever the answer, the next one is due later."""
         self._last_sent = self.clock()
         event = {"event": "heartbeat", "time": iso_now(), "interval_s": self.heartbeat_s}
-        self._beats.post("event", {"node": self.node, "id": uuid.uuid4().hex, "event": event})
+        self._beats.post("event", self.sender.envelope(self.node, event=event))
 
     def _send_all(self) -> None:
         self.sender.flush()

@@ -5,7 +5,9 @@ episode (``sender``), not one per attempt. Network and HTTP failures are not err
 report waits in the spool and the loop retries it with backoff inside the interval; a refused
 item moves to ``rejected/`` and the queue goes on; a failing spool means reporting directly.
 ``--once`` exits with the report's fate (``FATE_EXIT``): 0 only when it was delivered, 75 only
-when it waits in the spool. An exception that escapes the report or the
+when it waits in the spool; with a gate event (``agent/gate.py``) after it, with the fate of the
+first of the two that was not delivered. ``--max-time`` bounds what ``--once`` spends delivering.
+In the loop, the gate event follows the first report made. An exception that escapes the report or the
 wait (from the probe, or from the agent's own code) is an internal error, a bug: it is
 logged with its full traceback on stderr and the loop goes on. After
 ``MAX_INTERNAL_ERRORS`` internal errors with no report made in between, the agent gives up
@@ -17,7 +19,7 @@ error) is no bug: it propagates to the command line, which prints one line.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec
 
 from oomguard.agent.log import one_line, stderr_log, stderr_traceback
@@ -79,8 +81,24 @@ class _InternalErrors:
         return self.in_a_row >= self.limit
 
 
-def _report(sender: Sender, node: str, make_report: Callable[[], dict[str, Any]], interval: float) -> None:
+def _report(
+    sender: Sender,
+    node: str,
+    make_report: Callable[[], dict[str, Any]],
+    interval: float,
+    then: list[dict[str, Any]],
+) -> None:
+    """One report; then the events of *then* (the gate's, once), emptied as they are sent."""
     sender.report(node, make_report(), interval)
+    while then:
+        sender.event(node, then.pop(0))
+
+
+def _once(sender: Sender, node: str, report: dict[str, Any], interval: float, then: list[dict[str, Any]]) -> int:
+    """``--once``: the report, then the events of *then*; the fate of the first not delivered."""
+    fates = [sender.report(node, report, interval if interval > 0 else None)]
+    fates += [sender.event(node, event) for event in then]
+    return next((FATE_EXIT[fate] for fate in fates if fate != "delivered"), EXIT_OK)
 
 
 def _wait(sender: Sender, interval: float, spent: float, sleep: Callable[[float], None]) -> None:
@@ -111,12 +129,13 @@ def _loop(
     make_report: Callable[[], dict[str, Any]],
     sleep: Callable[[float], None],
     max_cycles: int | None,
+    then: list[dict[str, Any]],
 ) -> int:
     errors = _InternalErrors(sender.log)
     cycles = 0
     while max_cycles is None or cycles < max_cycles:
         t0 = time.monotonic()
-        if errors.attempt("report", _report, sender, node, make_report, interval):
+        if errors.attempt("report", _report, sender, node, make_report, interval, then):
             errors.in_a_row = 0  # a report made it to the manager or the spool
         cycles += 1
         if errors.exhausted or cycles == max_cycles:
@@ -143,25 +162,40 @@ def run_agent(
     sleep: Callable[[float], None] = time.sleep,
     log: Callable[[str], None] | None = None,
     max_cycles: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    gate: dict[str, Any] | None = None,
+    max_time: float | None = None,
 ) -> int:
     """Report to the manager once or every *interval* seconds; returns the exit code.
 
-    *node* is sanitized (``oomguard.nodes``; a changed name is said once). *once*: the
-    report's fate as ``FATE_EXIT`` says; a failing *make_report* raises; the report's
-    ``interval_s`` is *interval* when > 0 (a cron period), else null. Else every *interval*
-    until *max_cycles* (None: for ever): ``EXIT_OK``, or ``EXIT_INTERNAL`` after
+    *node* is sanitized (``oomguard.nodes``; a changed name is said once); every envelope carries
+    *labels* when there are any. *gate* (``agent.gate.gate_event``) is sent after the first report.
+    *once*: the fate of the report (and then of *gate*) as ``FATE_EXIT`` says, delivered within
+    *max_time* seconds when given (what is not stays spooled); a failing *make_report* raises;
+    the report's ``interval_s`` is *interval* when > 0 (a cron period), else null. Else every
+    *interval* until *max_cycles* (None: for ever): ``EXIT_OK``, or ``EXIT_INTERNAL`` after
     ``MAX_INTERNAL_ERRORS`` internal errors in a row (logged with their tracebacks).
-    ``BadParameter`` for a bad ``manager``, ``token``, ``interval`` or ``spool`` (the command line names the flag).
+    ``BadParameter`` for a bad ``manager``, ``token``, ``interval``, ``max_time`` or ``spool``
+    (the command line names the flag).
     """
     if not once and not interval > 0:
         raise BadParameter("interval", f"the report interval must be > 0 seconds, got {interval:g}")
+    if max_time is not None and not (once and max_time > 0):
+        raise BadParameter("max_time", "bounds --once only, and must be > 0 seconds")
     emit = log if log is not None else stderr_log
-    sender = Sender(manager, token, open_spool(spool_dir), log=emit)
+    sender = Sender(manager, token, open_spool(spool_dir), log=emit, labels=labels)
     clean = sanitize_node_name(node)
     if clean != node:
         emit(f"node name {node!r} is not one the manager accepts: using {clean!r}")
+    then = [gate] if gate is not None else []
     if once:
-        fate = sender.report(clean, make_report(), interval if interval > 0 else None)
-        return FATE_EXIT[fate]
-    emit(f"reporting to {sender.manager} as node {clean} every {interval:g}s (spool {spool_dir})")
-    return _loop(sender, node=clean, interval=interval, make_report=make_report, sleep=sleep, max_cycles=max_cycles)
+        report = make_report()
+        if max_time is not None:
+            sender.deadline = time.monotonic() + max_time
+        return _once(sender, clean, report, interval, then)
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(sender.labels.items()))
+    where = f"spool {spool_dir}" + (f"; labels {shown}" if shown else "")
+    emit(f"reporting to {sender.manager} as node {clean} every {interval:g}s ({where})")
+    return _loop(
+        sender, node=clean, interval=interval, make_report=make_report, sleep=sleep, max_cycles=max_cycles, then=then
+    )

@@ -11,6 +11,11 @@ Each item ends with a *fate*: ``delivered``, ``spooled`` (waits for a later atte
 (neither spooled nor delivered), ``token``/``url``/``rejected`` (refused: 401/403, 404/405/3xx,
 another 4xx) or ``gave-up`` (5xx for too long). ``--once`` turns the report's fate into its
 exit code. The log says each failure episode once, not each attempt (``log.Episode``).
+
+Every envelope (``envelope``) carries the node, a fresh id and, when there are any, the node's
+``labels`` (``agent/labels.py``). A *deadline* (``time.monotonic()`` seconds, ``agent --once
+--max-time``) bounds the delivery: each POST's time-out is cut to the time left, and once none is
+left nothing more is posted (what waits stays spooled, as when the manager is unreachable).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from oomguard.agent.client import Client, Outcome
@@ -44,8 +49,11 @@ class Sender:
         *,
         timeout: float = 10.0,
         log: Callable[[str], None] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.client = Client(manager, token, timeout=timeout)
+        self.labels = dict(labels or {})
+        self.deadline: float | None = None  # time.monotonic() after which nothing more is posted
         self.manager = self.client.manager
         self.spool = spool
         self.log: Callable[[str], None] = log if log is not None else stderr_log
@@ -55,8 +63,20 @@ class Sender:
         self._stuck: set[str] = set()  # items that could not be removed or moved: skipped from now on
 
     def post(self, kind: str, body: dict[str, Any]) -> Outcome:
-        """One POST, no spool (``Client.post``)."""
-        return self.client.post(kind, body)
+        """One POST, no spool (``Client.post``), within the *deadline* when there is one."""
+        if self.deadline is None:
+            return self.client.post(kind, body)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            return Outcome("retry", None, "no time left (--max-time)")
+        return self.client.post_within(kind, body, min(self.client.timeout, left))
+
+    def envelope(self, node: str, **fields: Any) -> dict[str, Any]:
+        """``{"node", "id", **fields}``, and ``labels`` when the node has any."""
+        body = {"node": node, "id": uuid.uuid4().hex, **fields}
+        if self.labels:
+            body["labels"] = dict(self.labels)
+        return body
 
     def pending(self) -> bool:
         """True when items wait in the spool (False when it cannot be read: nothing to retry)."""
@@ -99,12 +119,11 @@ class Sender:
 
     def report(self, node: str, report: dict[str, Any], interval_s: float | None) -> str:
         """Send a ``check`` report; its fate."""
-        body = {"node": node, "id": uuid.uuid4().hex, "report": report, "interval_s": interval_s, "time": iso_now()}
-        return self.send("report", body)
+        return self.send("report", self.envelope(node, report=report, interval_s=interval_s, time=iso_now()))
 
     def event(self, node: str, event: dict[str, Any]) -> str:
         """Send a supervisor event; its fate."""
-        return self.send("event", {"node": node, "id": uuid.uuid4().hex, "event": event})
+        return self.send("event", self.envelope(node, event=event))
 
     # --- the queue ----------------------------------------------------------------------------
 

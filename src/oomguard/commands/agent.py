@@ -28,10 +28,14 @@ SUMMARY = (
     "refuses (4xx) moves to the spool's rejected/ and the queue goes on."
 )
 SPOOL_DEFAULT = "$OOMGUARD_SPOOL, $XDG_STATE_HOME/oomguard/spool, ~/.local/state/oomguard/spool"
+LABEL_HELP = (
+    "a label of this node, repeatable; also OOMGUARD_LABELS=KEY=VALUE,..., and CONTAINER_ID, "
+    "VAST_CONTAINERLABEL, K8S_NODE_NAME when set (docs/agent.md)"
+)
 
 
 def add_fleet_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
-    """--manager, --token, --node, --spool: for ``agent`` (the command's own) or ``run --manager``."""
+    """--manager, --token, --node, --label, --spool: for ``agent`` (the command's own) or ``run --manager``."""
     group = parser.add_argument_group("fleet manager options")
     if run:
         flags.option(
@@ -41,27 +45,64 @@ def add_fleet_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
         flags.option(
             group, "--node", "node name for --manager (default: VAST_CONTAINERLABEL, then the hostname)", "NAME"
         )
+        flags.option(
+            group, "--label", LABEL_HELP.replace("a label", "for --manager: a label"), "KEY=VALUE", action="append"
+        )
         flags.option(group, "--spool", f"spool directory for --manager (default: {SPOOL_DEFAULT})", "DIR")
         return
     flags.option(group, "--manager", "the manager's base URL, e.g. http://manager:8080", "URL")
     flags.option(group, "--token", "agent bearer token (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
     flags.option(group, "--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME")
+    flags.option(group, "--label", LABEL_HELP, "KEY=VALUE", action="append")
     flags.option(group, "--interval", "time between reports (default 30s)", "DURATION")
     flags.option(
         group,
         "--once",
         f"send one report and exit: {EXIT_OK} delivered, {EXIT_SPOOLED} spooled for later, "
         f"{EXIT_TOKEN_REFUSED} token refused, {EXIT_WRONG_URL} wrong URL, {EXIT_REJECTED} rejected, "
-        f"{EXIT_LOST} lost (not spooled, not delivered)",
+        f"{EXIT_LOST} lost (not spooled, not delivered); with --gate, the first of report and event not delivered",
+    )
+    flags.option(
+        group,
+        "--max-time",
+        f"with --once: deliver within DURATION (each POST's time-out included); what is not delivered by then "
+        f"stays in the spool (exit {EXIT_SPOOLED})",
+        "DURATION",
     )
     flags.option(group, "--spool", f"spool directory (default: {SPOOL_DEFAULT})", "DIR")
 
 
+def _gate_options(parser: argparse.ArgumentParser) -> None:
+    from oomguard.agent.gate import MESSAGE_MAX, STEPS
+
+    group = parser.add_argument_group("gate options (deploy/worker/entrypoint.sh; docs/agent.md)")
+    flags.option(
+        group,
+        "--gate",
+        "also send a gate event, after the report (with --once) or the first report: how the gate's step "
+        "STEP (check, plan or verify: the one that failed, or the last one when all passed) came out",
+        "STEP",
+        type=flags.OneOf(STEPS),
+    )
+    flags.option(group, "--gate-exit", "the step's exit status (default 0: the gate passed)", "N")
+    flags.option(
+        group,
+        "--gate-message",
+        "what the step said: one line, or its stderr, of which the last 'oomguard: error:' line (else the step's "
+        f"own last line) is sent; at most {MESSAGE_MAX} characters (default: the exit status in words)",
+        "TEXT",
+    )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "%(prog)s --manager URL [--token T] [--node NAME] [--interval 30s] [--once] [--spool DIR]"
+    parser.usage = (
+        "%(prog)s --manager URL [--token T] [--node NAME] [--label KEY=VALUE]... [--interval 30s] "
+        "[--once [--max-time DURATION]] [--spool DIR] [--gate STEP [--gate-exit N] [--gate-message TEXT]]"
+    )
     parser.description = SUMMARY
     parser.epilog = "With plan flags the report carries the plan (concurrency, memlock need) too.\n" + flags.DURATIONS
     add_fleet_options(parser, run=False)
+    _gate_options(parser)
     flags.add_budget(parser, root=False)
     flags.add_shape(parser)
     flags.add_gpu(parser)
@@ -84,6 +125,26 @@ def _spool(args: argparse.Namespace) -> str:
     return flags.value(args, "spool") or default_spool_dir(dict(os.environ))
 
 
+def _labels(args: argparse.Namespace) -> dict[str, str]:
+    """The environment's labels, ``OOMGUARD_LABELS``' and ``--label``'s (``agent.labels``)."""
+    from oomguard.agent import node_labels
+
+    return node_labels(os.environ, getattr(args, "label", None) or ())
+
+
+def _gate(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The gate event ``--gate``, ``--gate-exit`` and ``--gate-message`` ask for, or None."""
+    from oomguard.agent import gate_event
+
+    if args.gate is None:
+        flags.needs(args, "--gate STEP", ("--gate-exit", "--gate-message"))
+        return None
+    code = flags.parse_count(args.gate_exit, "--gate-exit") if args.gate_exit is not None else 0
+    if code > 255:
+        raise UsageError(f"--gate-exit: an exit status is 0-255, got {args.gate_exit!r}")
+    return gate_event(args.gate, code, args.gate_message or "")
+
+
 def execute(args: argparse.Namespace) -> int:
     """Report once (``--once``) or every ``--interval``; only oomguard's own usage errors exit 2."""
     from oomguard.agent import run_agent
@@ -93,7 +154,9 @@ def execute(args: argparse.Namespace) -> int:
     if not args.manager:
         raise UsageError("agent: --manager URL is required (see 'oomguard agent --help')")
     interval = parse_duration(args.interval or "30s", "--interval")
+    max_time = parse_duration(args.max_time, "--max-time") if args.max_time is not None else None
     shape = flags.shape_from(args, required=False)
+    labels, gate = _labels(args), _gate(args)
 
     def make_report() -> dict[str, Any]:
         report = flags.probe_from(args)
@@ -109,6 +172,9 @@ def execute(args: argparse.Namespace) -> int:
         once=args.once,
         spool_dir=_spool(args),
         make_report=make_report,
+        labels=labels,
+        gate=gate,
+        max_time=max_time,
     )
 
 
@@ -119,4 +185,4 @@ def forwarder(args: argparse.Namespace) -> EventForwarder | None:
         return None
     from oomguard.agent import EventForwarder
 
-    return EventForwarder(manager, _token(args), _node(args), _spool(args))
+    return EventForwarder(manager, _token(args), _node(args), _spool(args), labels=_labels(args))

@@ -145,6 +145,14 @@ def value(args: argparse.Namespace, name: str) -> str | None:
     return given if isinstance(given, str) else None
 
 
+def needs(args: argparse.Namespace, flag: str, dependents: Sequence[str]) -> None:
+    """``UsageError("DEPENDENT needs FLAG")`` for the first of *dependents* (``--name``) that was
+    given: call it where *flag* was not."""
+    for dependent in dependents:
+        if getattr(args, dependent[2:].replace("-", "_"), None) not in (None, False):
+            raise UsageError(f"{dependent} needs {flag}")
+
+
 def parse_count(text: str, flag: str) -> int:
     try:
         n = int(text.strip())

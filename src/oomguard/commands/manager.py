@@ -49,6 +49,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "DURATION",
     )
     flags.option(parser, "--interval", "the agents' report interval, for offline detection (default 30s)", "DURATION")
+    flags.option(
+        parser,
+        "--working-set-line",
+        "the working-set alert's line, a share of the limit (default 90%; or OOMGUARD_WORKING_SET_LINE)",
+        "SHARE",
+    )
     flags.option(parser, "--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE")
     flags.option(
         parser,

@@ -134,9 +134,7 @@ def _guard(args: argparse.Namespace) -> GuardSettings | None:
     from oomguard.supervisor.config import settings_from
 
     if not args.guard:
-        given = [f for f in ("--guard-margin", "--on-pressure") if getattr(args, f[2:].replace("-", "_"))]
-        if given:
-            raise UsageError(f"{given[0]} needs --guard")
+        flags.needs(args, "--guard", ("--guard-margin", "--on-pressure"))
         return None
     return settings_from(args.guard_margin, args.on_pressure)
 

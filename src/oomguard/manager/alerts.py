@@ -4,11 +4,16 @@ Statuses (``node_status``, one SQL expression):
 
 - ``online``: the node's agent reported within three report intervals (its own, or the manager's
   default), counted from the time the manager received its latest report, never the agent's own
-  clock: an agent whose clock is slow is not "offline" right after reporting;
+  clock: an agent whose clock is slow is not "offline" right after reporting; or, for a node that
+  has reported, its supervisor's latest event or heartbeat arrived within three heartbeat
+  intervals (the node is alive; its latest report may not be current: ``current_report``);
 - ``run-only``: no agent ever reported, but ``oomguard run --manager`` sends events, and its
   supervisor's latest event or heartbeat arrived within three heartbeat intervals (the interval
   it announced, else ``HEARTBEAT_MS``): healthy, only without an agent;
 - ``offline``: neither of the above;
+- ``refused``: the node's latest ``gate`` event failed (the entrypoint's gate refused to start its
+  worker: ``check``, ``plan`` or ``verify`` said no), and no ``start`` event or passed gate came
+  after it (the writer keeps ``refused_ms`` and the failing step on the node row);
 - ``archived``: nothing from the node for ``--forget-after`` (the retention pass sets it; a new
   report, event or heartbeat clears it). Archived nodes leave the list, the cards, the alerts
   and /metrics.
@@ -21,6 +26,12 @@ node. The rest is derived from the table: ``KINDS`` (the severities), ``kind_con
 overview's counts per kind), ``any_alert`` (the nodes with one), ``alert_count`` (the list's
 ``alerts`` column) and ``node_alerts``. A new kind is one entry.
 
+- ``refused`` (critical): the entrypoint's gate refused the node (status ``refused``), with the
+  failing step's one line;
+- ``working-set-high`` (critical): the node's current working set (its latest report, while that
+  is current) is at or above the line (``--working-set-line``, 90 % of the effective limit by
+  default) or above its budget; since the first of the consecutive reports at or above it
+  (``nodes.ws_high_since_ms``, kept by the writer as each report lands: no history is read);
 - ``offline`` (warning): no report (or, run-only, no event or heartbeat) for three intervals;
 - ``budget-from-host`` (critical): the budget is above the effective limit and in the host's
   ballpark, so it was sized from the host's RAM: the outage oomguard exists for;
@@ -59,24 +70,40 @@ MISSED_INTERVALS = 3
 HEARTBEAT_MS = 60_000  # a supervisor's heartbeat interval when it announced none
 MEMLOCK_CODE = '"memlock-too-low"'  # in the JSON list of warning codes ([A-Za-z0-9._-] only)
 MEMLOCK_WARNING = f"%{MEMLOCK_CODE}%"
-STATUSES = ("online", "offline", "run-only", "archived")
+STATUSES = ("online", "offline", "run-only", "refused", "archived")
+LIVE = ("online", "run-only", "refused")  # what the node says now; the risk order puts these first
+DEFAULT_LINE = 0.9  # the working-set line: this share of the effective limit (Settings.working_set_line)
+LINE_KEY = "working_set_line"  # the line, in the row ``node_alerts`` words
 FROM_HOST_LIMIT = 0.8  # the limit is below this share of the host's RAM ...
 FROM_HOST_BUDGET = 0.5  # ... and the budget at least this share of it: sized from the host
 LAST_HOUR = {"oom-kill": "oom_1h", "pressure-stop": "stops_1h"}  # an exit reason's count of the last hour, by name
 
 
+def current_report(now: int, default_interval_ms: int) -> Any:
+    """SQL: whether the node's latest report is current: received within three report intervals.
+    Its working set is a reading only then; after that it is history (the node page says so)."""
+    interval = func.coalesce(nodes.c.interval_ms, default_interval_ms)
+    return and_(nodes.c.warnings.is_not(None), now - nodes.c.last_seen_ms <= MISSED_INTERVALS * interval)
+
+
 def node_status(now: int, default_interval_ms: int) -> Any:
     """SQL: the node's status (see the module doc), one CASE expression."""
-    interval = func.coalesce(nodes.c.interval_ms, default_interval_ms)
     heartbeat = func.coalesce(nodes.c.heartbeat_interval_ms, HEARTBEAT_MS)
-    silent = now - nodes.c.last_seen_ms
     never_reported = nodes.c.warnings.is_(None)  # every report sets it, [] when none
+    supervisor_alive = now - nodes.c.last_event_ms <= MISSED_INTERVALS * heartbeat  # NULL: never an event
     return case(
         (nodes.c.archived_ms.is_not(None), "archived"),
-        (and_(never_reported, silent <= MISSED_INTERVALS * heartbeat), "run-only"),
-        (or_(never_reported, silent > MISSED_INTERVALS * interval), "offline"),
-        else_="online",
+        (nodes.c.refused_ms.is_not(None), "refused"),
+        # A node no agent reported: its last-seen time is its supervisor's latest event or heartbeat.
+        (and_(never_reported, now - nodes.c.last_seen_ms <= MISSED_INTERVALS * heartbeat), "run-only"),
+        (and_(not_(never_reported), or_(current_report(now, default_interval_ms), supervisor_alive)), "online"),
+        else_="offline",
     )
+
+
+def last_seen() -> Any:
+    """SQL: the node's last sign of life: its latest report, event or heartbeat (receive times)."""
+    return case((nodes.c.last_event_ms > nodes.c.last_seen_ms, nodes.c.last_event_ms), else_=nodes.c.last_seen_ms)
 
 
 def recent_exits(now: int, node_ids: list[int] | None = None) -> Any:
@@ -114,14 +141,21 @@ class Seen(NamedTuple):
 
     status: Any  # SQL: the node's status (``node_status``)
     exited: Callable[[str], Any]  # SQL: whether the node has an exit event of a reason in the last hour
+    current: Any  # SQL: whether its latest report is current (``current_report``)
+    line: float  # the working-set line, a share of the effective limit
 
 
-def seen_joined(status: Any, recent: Any) -> Seen:
+def seen_joined(now: int, default_interval_ms: int, recent: Any, line: float = DEFAULT_LINE) -> Seen:
     """``Seen`` for a query that joins *recent* (``recent_exits``, outer) to the nodes."""
-    return Seen(status, lambda reason: func.coalesce(recent.c[LAST_HOUR[reason]], 0) > 0)
+    return Seen(
+        node_status(now, default_interval_ms),
+        lambda reason: func.coalesce(recent.c[LAST_HOUR[reason]], 0) > 0,
+        current_report(now, default_interval_ms),
+        line,
+    )
 
 
-def seen_listed(now: int, default_interval_ms: int) -> Seen:
+def seen_listed(now: int, default_interval_ms: int, line: float = DEFAULT_LINE) -> Seen:
     """``Seen`` for a query over the nodes alone: the nodes with an exit event of the reason received
     in the last hour (what ``recent_exits`` counts), as an ``IN`` list the database computes once."""
 
@@ -129,21 +163,57 @@ def seen_listed(now: int, default_interval_ms: int) -> Seen:
         recent = and_(events.c.kind == "exit", events.c.reason == reason, events.c.received_ms > now - HOUR_MS)
         return nodes.c.id.in_(select(events.c.node_id).where(recent))
 
-    return Seen(node_status(now, default_interval_ms), exited)
+    return Seen(node_status(now, default_interval_ms), exited, current_report(now, default_interval_ms), line)
 
 
 @dataclass(frozen=True)
 class AlertKind:
     """One kind of alert: its rule in SQL (``sql``: whether a node has it) beside the same rule in
-    Python (``says``: its message for one node row of ``node_alerts``, or None when it has none)."""
+    Python (``says``: its message for one node row of ``node_alerts``, or None when it has none);
+    ``since``: when the node got it (epoch ms), where that is known."""
 
     name: str
     severity: str
     sql: Callable[[Seen], Any]
     says: Callable[[Mapping[str, Any]], str | None]
+    since: Callable[[Mapping[str, Any]], int | None] = lambda r: None
 
 
 # -- the rules, each in SQL and in Python ------------------------------------------------------------
+
+
+def working_set_ratio_sql() -> Any:
+    """SQL: working set over the effective limit (NULL when either is unknown or the limit is 0).
+
+    In floating point: dividing by an integer column makes SQLAlchemy cast it to NUMERIC, which
+    PostgreSQL then converts back to double for every one of 10,000 rows."""
+    return cast(nodes.c.working_set_bytes, Float) / cast(func.nullif(nodes.c.effective_bytes, 0), Float)
+
+
+def working_set_ratio(working_set: int | None, effective: int | None) -> float | None:
+    """``working_set_ratio_sql`` for one node: None when either is unknown or the limit is 0."""
+    if working_set is None or not effective:
+        return None
+    return working_set / effective
+
+
+def working_set_high_sql(line: float) -> Any:
+    """SQL: the working set at or above *line* of the effective limit, or above the budget. The
+    line is compared in double precision, as ``working_set_high`` does (FLOAT is double on
+    PostgreSQL, REAL on SQLite: https://sqlite.org/datatype3.html#storage_classes_and_datatypes)."""
+    ws, eff = cast(nodes.c.working_set_bytes, Float), cast(nodes.c.effective_bytes, Float)
+    at_line = and_(nodes.c.effective_bytes > 0, ws >= literal(line, Float) * eff)
+    return or_(at_line, nodes.c.working_set_bytes > nodes.c.budget_bytes)
+
+
+def working_set_high(working_set: int | None, effective: int | None, budget: int | None, line: float) -> bool:
+    """Whether a working set is at or above *line* of the effective limit, or above the budget
+    (``working_set_high_sql`` in Python: ``float(int)`` rounds as the databases' casts do). The
+    writer keeps ``ws_high_since_ms`` by it, report by report."""
+    if working_set is None:
+        return False
+    at_line = bool(effective) and float(working_set) >= line * float(effective)  # type: ignore[arg-type]
+    return at_line or (budget is not None and working_set > budget)
 
 
 def _over_sql() -> Any:
@@ -197,12 +267,69 @@ def _memlock(r: Mapping[str, Any]) -> str | None:
     return "RLIMIT_MEMLOCK is below the plan's pinned need" if _warns_memlock(r["warnings"]) else None
 
 
-def _offline(r: Mapping[str, Any]) -> str | None:
+def _refused(r: Mapping[str, Any]) -> str | None:
+    if r["status"] != "refused":
+        return None
+    code = r.get("refused_exit_code")
+    exit_ = f", exit {code}" if code is not None else ""
+    why = r.get("refused_message") or "no reason given"
+    return f"the entrypoint's gate refused the node at {r.get('refused_step') or '?'}{exit_}: {why}"
+
+
+def _high(r: Mapping[str, Any]) -> bool:
+    line = r.get(LINE_KEY, DEFAULT_LINE)
+    return bool(r.get("current")) and working_set_high(
+        r.get("working_set_bytes"), r["effective_bytes"], r["budget_bytes"], line
+    )
+
+
+def _high_since(r: Mapping[str, Any]) -> int | None:
+    """The first of the consecutive reports at or above the line; the latest report when the
+    writer judged the earlier ones by another line (the manager restarted with a new one)."""
+    if not _high(r):
+        return None
+    since = r.get("ws_high_since_ms")
+    return int(since) if since is not None else int(r["last_seen_ms"])
+
+
+def working_set_high_since(r: Mapping[str, Any], line: float) -> int | None:
+    """When the node's ``working-set-high`` alert began (epoch ms; None: it has none): the row as
+    ``node_alerts`` reads it (``last_seen_ms`` its latest report's receive time)."""
+    return _high_since({**r, LINE_KEY: line})
+
+
+def _working_set_high(r: Mapping[str, Any]) -> str | None:
+    since = _high_since(r)
+    if since is None:
+        return None
+    ws, eff, budget = r["working_set_bytes"], r["effective_bytes"], r["budget_bytes"]
+    line = r.get(LINE_KEY, DEFAULT_LINE)
+    ratio = working_set_ratio(ws, eff)
+    said = f"working set {format_size(ws)}"
+    if ratio is not None:
+        said += f" is {ratio * 100:.1f}% of the {format_size(eff)} limit (line {line * 100:g}%)"
+    if budget is not None and ws > budget:
+        said += f", above its {format_size(budget)} budget"
+    return f"{said}, since {iso_ms(since)}"
+
+
+def _silent_since(r: Mapping[str, Any]) -> int | None:
+    """An offline node's last sign of life: its latest report, event or heartbeat (``last_seen``)."""
     if r["status"] != "offline":
         return None
-    since = iso_ms(r["last_seen_ms"])
+    event = r.get("last_event_ms")
+    return max(int(r["last_seen_ms"]), int(event)) if event is not None else int(r["last_seen_ms"])
+
+
+def _offline(r: Mapping[str, Any]) -> str | None:
+    silent = _silent_since(r)
+    if silent is None:
+        return None
+    since = iso_ms(silent)
     if r.get("run_only"):
         return f"no event or heartbeat from its supervisor since {since}"
+    if r.get("last_event_ms") is not None:
+        return f"no report, event or heartbeat since {since}"
     return f"no report since {since}"
 
 
@@ -234,8 +361,16 @@ def _pressure_stops(r: Mapping[str, Any]) -> str | None:
     return f"{n} pressure stop(s) in the last hour: run --guard stopped the worker before the kernel's OOM killer acted"
 
 
-ALERTS = (  # every kind, in the order node_alerts lists a node's alerts
-    AlertKind("offline", "warning", lambda s: s.status == "offline", _offline),
+ALERTS = (  # every kind, in the order node_alerts lists a node's alerts: the live danger first
+    AlertKind("refused", "critical", lambda s: s.status == "refused", _refused, lambda r: r.get("refused_ms")),
+    AlertKind(
+        "working-set-high",
+        "critical",
+        lambda s: and_(s.current, working_set_high_sql(s.line)),
+        _working_set_high,
+        _high_since,
+    ),
+    AlertKind("offline", "warning", lambda s: s.status == "offline", _offline, _silent_since),
     AlertKind("budget-from-host", "critical", lambda s: and_(_over_sql(), _from_host_sql()), _budget_from_host),
     # A NULL host is not the host's ballpark; where the budget or the limit is NULL, neither kind.
     AlertKind(
@@ -256,9 +391,9 @@ def severity(name: str) -> str:
 # -- derived ---------------------------------------------------------------------------------------
 
 
-def kind_conditions(now: int, default_interval_ms: int) -> dict[str, Any]:
+def kind_conditions(now: int, default_interval_ms: int, line: float = DEFAULT_LINE) -> dict[str, Any]:
     """SQL: per alert kind (``KINDS``), whether a node not archived has it at *now* (``seen_listed``)."""
-    seen = seen_listed(now, default_interval_ms)
+    seen = seen_listed(now, default_interval_ms, line)
     return {kind.name: kind.sql(seen) for kind in ALERTS}
 
 
@@ -273,24 +408,39 @@ def alert_count(seen: Seen) -> Any:
     return case((nodes.c.archived_ms.is_not(None), 0), else_=total)
 
 
-def node_alerts(r: Any, ooms_last_hour: int, stops_last_hour: int = 0) -> list[dict[str, Any]]:
+def node_alerts(
+    r: Any, ooms_last_hour: int, stops_last_hour: int = 0, line: float = DEFAULT_LINE
+) -> list[dict[str, Any]]:
     """The alerts of one node row (latest report columns, status; ``run_only`` when no agent ever
-    reported), with its OOM kills and pressure stops of the last hour."""
+    reported; ``current`` when its latest report is), with its OOM kills and pressure stops of the
+    last hour, against the working-set *line*. ``since``: when the node got it, where known."""
     if r["status"] == "archived":
         return []
-    row = {**r, LAST_HOUR["oom-kill"]: ooms_last_hour, LAST_HOUR["pressure-stop"]: stops_last_hour}
+    row = {**r, LAST_HOUR["oom-kill"]: ooms_last_hour, LAST_HOUR["pressure-stop"]: stops_last_hour, LINE_KEY: line}
     found = ((kind, kind.says(row)) for kind in ALERTS)
-    return [{"node": r["name"], "kind": k.name, "severity": k.severity, "message": m} for k, m in found if m]
+    return [
+        {"node": r["name"], "kind": k.name, "severity": k.severity, "message": m, "since": _iso(k.since(row))}
+        for k, m in found
+        if m
+    ]
+
+
+def _iso(ms: int | None) -> str | None:
+    return None if ms is None else iso_ms(ms)
 
 
 __all__ = [
     "ALERTS",
+    "DEFAULT_LINE",
     "KINDS",
+    "LIVE",
     "STATUSES",
     "AlertKind",
     "alert_count",
     "any_alert",
+    "current_report",
     "kind_conditions",
+    "last_seen",
     "memlock_sql",
     "node_alerts",
     "node_status",
@@ -298,4 +448,9 @@ __all__ = [
     "seen_joined",
     "seen_listed",
     "severity",
+    "working_set_high",
+    "working_set_high_since",
+    "working_set_high_sql",
+    "working_set_ratio",
+    "working_set_ratio_sql",
 ]

@@ -138,6 +138,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
             default_interval_s=settings.interval_s,
             retention_s=settings.retention_s,
             forget_after_s=settings.forget_after_s,
+            working_set_line=settings.working_set_line,
         )
     app = FastAPI(
         title="oomguard manager",

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from oomguard.labels import KEY_MAX, KEY_PATTERN, LABELS_MAX, VALUE_MAX, label_problem, labels_problem
 from oomguard.manager import contract
 
 MAX_DEPTH = 32
@@ -107,6 +108,44 @@ Report = Annotated[
 ]
 
 
+# Labels: the one rule the agent checks too (oomguard.labels: Prometheus' label names, 1-256
+# printable characters, at most 16); the pattern and lengths give the OpenAPI schema, the
+# validator the whole rule (a 422 naming the label).
+def _labels_ok(labels: dict[str, str]) -> dict[str, str]:
+    problem = labels_problem(labels)
+    if problem:
+        raise ValueError(problem)
+    return labels
+
+
+LabelKey = Annotated[str, Field(pattern=KEY_PATTERN, max_length=KEY_MAX)]
+LabelValue = Annotated[str, Field(min_length=1, max_length=VALUE_MAX)]
+Labels = Annotated[
+    dict[LabelKey, LabelValue],
+    Field(
+        max_length=LABELS_MAX,
+        description=(
+            f"The node's labels (the latest sent are kept): at most {LABELS_MAX}, keys as Prometheus label names "
+            f"(not starting with __), values 1-{VALUE_MAX} printable characters"
+        ),
+    ),
+    AfterValidator(_labels_ok),
+]
+
+
+LABEL_FILTER_HELP = (
+    f"label: expected KEY=VALUE, KEY a label name (letters, digits and _) and VALUE at most {VALUE_MAX} characters"
+)
+
+
+def label_filter(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (the node list's ``label`` filter) as (key, value); ValueError for anything else."""
+    key, sep, value = text.partition("=")
+    if not sep or label_problem(key, value or "x") is not None:
+        raise ValueError(LABEL_FILTER_HELP)
+    return key, value
+
+
 class ReportEnvelope(BaseModel):
     """A report as an agent posts it. The report is checked by ``contract.problem`` (the route's
     422), not here, and stored as the agent sent it."""
@@ -115,6 +154,7 @@ class ReportEnvelope(BaseModel):
     node: NodeName
     id: IngestId
     report: Report
+    labels: Labels | None = None
     interval_s: Interval | None = None
     time: (
         Annotated[
@@ -130,10 +170,11 @@ class ReportEnvelope(BaseModel):
 class EventIn(BaseModel):
     """A supervisor event (docs/run.md; fields of a newer supervisor are kept); ``heartbeat`` (with
     the supervisor's ``interval_s``) is stored as no row, it only keeps a node known from run events
-    alone (run-only) from going offline."""
+    alone (run-only) from going offline. ``gate``: the entrypoint's gate before anything starts
+    (``step``, ``passed``, ``exit_code``, ``message``: the failing step's one line, with its numbers)."""
 
     model_config = ConfigDict(extra="allow")
-    event: Literal["start", "exit", "restart", "give-up", "stop", "heartbeat"]
+    event: Literal["start", "exit", "restart", "give-up", "stop", "heartbeat", "gate"]
     time: Annotated[str, Field(max_length=64)] | None = None
     pid: SmallInt | None = None
     budget_bytes: Bytes | None = None
@@ -146,6 +187,16 @@ class EventIn(BaseModel):
     peak_bytes: Bytes | None = None
     message: Annotated[str, Field(max_length=4000)] | None = None
     interval_s: Interval | None = None
+    effective_bytes: Bytes | None = None  # on start: the hard ceiling the budget was computed from
+    limited_by: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,16}$")] | None = None
+    step: Literal["check", "plan", "verify"] | None = None
+    passed: StrictBool | None = None  # true or false, never "no" (which pydantic would read as false)
+
+    @model_validator(mode="after")
+    def _gate_fields(self) -> EventIn:
+        if self.event == "gate" and (self.step is None or self.passed is None):
+            raise ValueError("a gate event needs step (check, plan or verify) and passed (true or false)")
+        return self
 
 
 class EventEnvelope(BaseModel):
@@ -153,6 +204,7 @@ class EventEnvelope(BaseModel):
     node: NodeName
     id: IngestId
     event: EventIn
+    labels: Labels | None = None
 
 
 class Stored(BaseModel):

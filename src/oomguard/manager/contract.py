@@ -42,6 +42,7 @@ COLUMNS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "limited_by": ("memory", "limited_by", {}),
     "budget_bytes": ("budget", "bytes", BIGINT),
     "memlock_soft_bytes": ("memlock", "soft_bytes", BIGINT),
+    "cap_ipc_lock": ("memlock", "cap_ipc_lock", {}),  # revision 0006: CAP_IPC_LOCK lifts RLIMIT_MEMLOCK
     "runtime": ("container", "runtime", {"pattern": LABEL}),
     "concurrency": ("plan", "concurrency", {"maximum": 1_000_000}),
 }

@@ -72,6 +72,9 @@ class Settings:
     session_ttl_s: float = 12 * 3600.0  # the dashboard's login
     login_burst: int = 10  # failed logins or bearer tokens per client before 429 ...
     login_refill_s: float = 6.0  # ... and one more allowed every this many seconds
+    # The working-set alert's line: this share of the effective limit (--working-set-line or
+    # OOMGUARD_WORKING_SET_LINE: "90%" or "0.9"); a working set above the budget alerts too.
+    working_set_line: float = 0.9
 
     def hosts(self) -> tuple[str, ...]:
         """The Host header values accepted: ``--allowed-hosts``, else the bind address and localhost;
@@ -117,6 +120,8 @@ class Settings:
         for entry in self.allowed_hosts or ():
             if not _HOST_ENTRY.match(entry):
                 raise UsageError(f"--allowed-hosts: {entry!r} is not a host name, an address or *")
+        if not 0 < self.working_set_line <= 1:
+            raise UsageError(f"--working-set-line: must be above 0% and at most 100%, got {self.working_set_line:g}")
         floor = max(FORGET_AFTER_MIN_S, 3 * self.interval_s)
         if self.forget_after_s is not None and self.forget_after_s < floor:
             # A node must be seen offline (three missed intervals) before it is archived.
@@ -201,6 +206,18 @@ def _forget_after(text: str) -> float | None:
     return parse_duration(text, "--forget-after") or None
 
 
+def _share(text: str, source: str) -> float:
+    """A share of the limit: ``90%`` or ``0.9``, above 0 and at most 1 (1 is 100 %)."""
+    given = text.strip()
+    try:
+        value = float(given[:-1]) / 100 if given.endswith("%") else float(given)
+    except ValueError:
+        raise UsageError(f"{source}: expected a share of the limit such as 90% or 0.9, got {text!r}") from None
+    if not 0 < value <= 1:  # NaN fails this too
+        raise UsageError(f"{source}: must be above 0% and at most 100%, got {text!r}")
+    return value
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """Settings from the parsed flags and the token variables, checked (UsageError naming the flag)."""
     given: dict[str, Any] = {
@@ -225,6 +242,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         given["forget_after_s"] = _forget_after(text["forget_after"])
     if "allowed_hosts" in text:
         given["allowed_hosts"] = _hosts(text["allowed_hosts"])
+    if "working_set_line" in text:
+        given["working_set_line"] = _share(text["working_set_line"], "--working-set-line")
+    elif os.environ.get("OOMGUARD_WORKING_SET_LINE"):
+        given["working_set_line"] = _share(os.environ["OOMGUARD_WORKING_SET_LINE"], "OOMGUARD_WORKING_SET_LINE")
     settings = Settings(**given)
     settings.check()
     return settings

@@ -4,7 +4,7 @@ are in ``migrations/``). Reads and writes on it are the store's (``oomguard.mana
 from __future__ import annotations
 
 from oomguard.manager.db.engine import alembic_config, current_revision, make_engine, migrate, normalize_url
-from oomguard.manager.db.tables import events, latest_reports, metadata, nodes, reports, retention_state
+from oomguard.manager.db.tables import events, latest_reports, metadata, node_labels, nodes, reports, retention_state
 
 __all__ = [
     "alembic_config",
@@ -14,6 +14,7 @@ __all__ = [
     "make_engine",
     "metadata",
     "migrate",
+    "node_labels",
     "nodes",
     "normalize_url",
     "reports",

@@ -8,7 +8,7 @@ declarations mirror the head revision for queries, every column in its table's o
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
 
 metadata = MetaData()
 
@@ -43,7 +43,26 @@ nodes = Table(
     # heartbeat, and the heartbeat interval the supervisor announced (NULL: the default, 60 s).
     Column("last_event_ms", BigInteger),
     Column("heartbeat_interval_ms", BigInteger),
+    # Revision 0006: the first of the consecutive reports whose working set is at or above the
+    # line (NULL: the latest is below it); the entrypoint gate's refusal (``refused_ms`` NULL: not
+    # refused), its step, exit code and one line; the latest labels (JSON object, sorted keys).
+    Column("ws_high_since_ms", BigInteger),
+    Column("refused_ms", BigInteger),
+    Column("refused_step", String(16)),
+    Column("refused_exit_code", Integer),
+    Column("refused_message", Text),
+    Column("labels", Text),
+    Column("cap_ipc_lock", Boolean),  # ... and whether the latest report holds CAP_IPC_LOCK (NULL: unknown)
     Index("ix_nodes_archived", "archived_ms"),
+)
+
+node_labels = Table(  # revision 0006: the latest labels again, one row each, for ``label=KEY=VALUE``
+    "node_labels",
+    metadata,
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    Column("key", String(63), primary_key=True),
+    Column("value", String(256), nullable=False),
+    Index("ix_node_labels_key_value", "key", "value"),
 )
 
 latest_reports = Table(  # revision 0005: each node's latest report, whole (the node page's "latest")

@@ -44,13 +44,15 @@ class Store:
         default_interval_s: float = Settings.interval_s,
         retention_s: float = Settings.retention_s,
         forget_after_s: float | None = Settings.forget_after_s,
+        working_set_line: float = Settings.working_set_line,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.engine = engine
         self.default_interval_ms = int(default_interval_s * 1000)
         self.retention_ms = int(retention_s * 1000)
+        self.line = working_set_line  # the working-set alert's line, a share of the effective limit
         self.clock = clock
-        self._writer = Writer(engine, clock)
+        self._writer = Writer(engine, clock, working_set_line)
         forget_ms = int(forget_after_s * 1000) if forget_after_s else None
         self.retention = Retention(
             engine, self.retention_ms, forget_after_ms=forget_ms, default_interval_ms=self.default_interval_ms
@@ -79,13 +81,30 @@ class Store:
 
     # -- reads ---------------------------------------------------------------------------------
     def list_nodes(
-        self, *, status: str | None = None, q: str | None = None, limit: int = 100, offset: int = 0, sort: str = "name"
+        self,
+        *,
+        status: str | None = None,
+        q: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        sort: str = "name",
+        label: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
         """A page of node summaries: *status* one of ``alerts.STATUSES`` (None: every node not
-        archived), *q* a part of the name, *sort* a key of ``SORT_KEYS`` (``-`` for descending)."""
+        archived), *q* a part of the name, *label* a (key, value) the node's latest labels hold,
+        *sort* a key of ``SORT_KEYS`` (``-`` for descending)."""
         with self.engine.connect() as conn:
             return queries.list_nodes(
-                conn, self.clock(), self.default_interval_ms, status=status, q=q, limit=limit, offset=offset, sort=sort
+                conn,
+                self.clock(),
+                self.default_interval_ms,
+                status=status,
+                q=q,
+                limit=limit,
+                offset=offset,
+                sort=sort,
+                label=label,
+                line=self.line,
             )
 
     def node_detail(
@@ -96,9 +115,10 @@ class Store:
         history_points: int = HISTORY_POINTS,
         history_since_ms: int | None = None,
     ) -> dict[str, Any] | None:
-        """The node's summary, latest report, events, and ``history``: at most *history_points*
-        entries (downsampled past that; ``history_count`` says how many reports it covers), of the
-        reports received from *history_since_ms* (epoch ms) on, or of all when None."""
+        """The node's summary, open alerts, latest report, its latest *events_limit* events
+        (``node_events`` pages through all), and ``history``: at most *history_points* entries
+        (downsampled past that; ``history_count`` says how many reports it covers), of the reports
+        received from *history_since_ms* (epoch ms) on, or of all when None."""
         with self.engine.connect() as conn:
             return queries.node_detail(
                 conn,
@@ -108,7 +128,14 @@ class Store:
                 events_limit=events_limit,
                 history_points=max(2, history_points),
                 history_since_ms=history_since_ms,
+                line=self.line,
             )
+
+    def node_events(self, name: str, *, limit: int = 25, offset: int = 0) -> dict[str, Any] | None:
+        """A page of the node's events, newest first: ``{node, events, total, limit, offset}``;
+        None for no such node."""
+        with self.engine.connect() as conn:
+            return queries.node_events(conn, name, limit, offset)
 
     def node_history(self, name: str, *, limit: int = 500, before: str | None = None) -> dict[str, Any] | None:
         """A page of the node's stored reports, newest first: ``{node, history, next}``; pass ``next``
@@ -120,14 +147,21 @@ class Store:
     def alerts(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Every open alert (at most *limit*), nodes by name: ``alerting.fleet_alerts``."""
         with self.engine.connect() as conn:
-            return alerting.fleet_alerts(conn, self.clock(), self.default_interval_ms, limit)
+            return alerting.fleet_alerts(conn, self.clock(), self.default_interval_ms, limit, self.line)
 
     def alert_groups(self, shown: int, show_all: str = "", start: int = 0, page: int = 500) -> dict[str, Any]:
         """The overview's alerts: the count of each kind and its first *shown* alerts (the kind
         *show_all*: *page* of them from *start*), ``alerting.alert_groups``."""
         with self.engine.connect() as conn:
             return alerting.alert_groups(
-                conn, self.clock(), self.default_interval_ms, shown=shown, show_all=show_all, start=start, page=page
+                conn,
+                self.clock(),
+                self.default_interval_ms,
+                shown=shown,
+                show_all=show_all,
+                start=start,
+                page=page,
+                line=self.line,
             )
 
     def summary(self) -> dict[str, int]:
@@ -136,7 +170,7 @@ class Store:
 
     def metric_rows(self) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
-            return queries.metric_rows(conn, self.clock(), self.default_interval_ms)
+            return queries.metric_rows(conn, self.clock(), self.default_interval_ms, self.line)
 
 
 __all__ = ["DEFAULT_SORT", "HISTORY_CURSOR_PATTERN", "HISTORY_POINTS", "SORT_KEYS", "Store"]

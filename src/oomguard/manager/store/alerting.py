@@ -11,7 +11,9 @@ from typing import Any
 from sqlalchemy import Connection, case, func, select
 
 from oomguard.manager.alerts import (
+    DEFAULT_LINE,
     any_alert,
+    current_report,
     kind_conditions,
     node_alerts,
     node_status,
@@ -21,27 +23,39 @@ from oomguard.manager.alerts import (
 )
 from oomguard.manager.db import nodes
 
+ROW_COLUMNS = (  # what ``node_alerts`` reads of a node row
+    "id",
+    "name",
+    "effective_bytes",
+    "host_total_bytes",
+    "budget_bytes",
+    "working_set_bytes",
+    "warnings",
+    "last_seen_ms",
+    "last_event_ms",
+    "ws_high_since_ms",
+    "refused_ms",
+    "refused_step",
+    "refused_exit_code",
+    "refused_message",
+)
+
 
 def _alert_rows(now: int, default_interval_ms: int, recent: Any) -> Any:
     """SQL: every node with the columns ``node_alerts`` reads, its recent exits (*recent*) joined."""
     return select(
-        nodes.c.id,
-        nodes.c.name,
-        nodes.c.effective_bytes,
-        nodes.c.host_total_bytes,
-        nodes.c.budget_bytes,
-        nodes.c.warnings,
-        nodes.c.last_seen_ms,
+        *(nodes.c[name] for name in ROW_COLUMNS),
         nodes.c.warnings.is_(None).label("run_only"),
         node_status(now, default_interval_ms).label("status"),
+        current_report(now, default_interval_ms).label("current"),
         func.coalesce(recent.c.oom_1h, 0).label("oom_1h"),
         func.coalesce(recent.c.stops_1h, 0).label("stops_1h"),
     ).select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
 
 
-def _candidates(now: int, default_interval_ms: int, recent: Any) -> Any:
+def _candidates(now: int, default_interval_ms: int, recent: Any, line: float) -> Any:
     """SQL: the nodes with at least one alert, the columns ``node_alerts`` reads, by name."""
-    seen = seen_joined(node_status(now, default_interval_ms), recent)
+    seen = seen_joined(now, default_interval_ms, recent, line)
     return (
         _alert_rows(now, default_interval_ms, recent)
         .where(nodes.c.archived_ms.is_(None), any_alert(seen))
@@ -50,13 +64,13 @@ def _candidates(now: int, default_interval_ms: int, recent: Any) -> Any:
 
 
 def fleet_alerts(
-    conn: Connection, now: int, default_interval_ms: int, limit: int | None = None
+    conn: Connection, now: int, default_interval_ms: int, limit: int | None = None, line: float = DEFAULT_LINE
 ) -> list[dict[str, Any]]:
     """Every node's alerts, nodes by name; at most *limit*."""
-    rows = conn.execute(_candidates(now, default_interval_ms, recent_exits(now))).mappings().all()
+    rows = conn.execute(_candidates(now, default_interval_ms, recent_exits(now), line)).mappings().all()
     out: list[dict[str, Any]] = []
     for r in rows:
-        out.extend(node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"])))
+        out.extend(node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"]), line))
         if limit is not None and len(out) >= limit:
             return out[:limit]
     return out
@@ -76,6 +90,7 @@ def alert_groups(
     show_all: str = "",
     start: int = 0,
     page: int = 500,
+    line: float = DEFAULT_LINE,
 ) -> dict[str, Any]:
     """The overview's alerts: ``{total, groups}``, each group ``{kind, severity, count, start,
     alerts}`` in ``group_order``; a group lists its first *shown* alerts (nodes by name, as
@@ -84,7 +99,7 @@ def alert_groups(
     The counts are one pass over the nodes (``kind_conditions``); then, per kind that has any,
     the ids of the nodes listed (in the database's name order), and one read of those rows alone,
     worded by ``node_alerts``."""
-    conds = kind_conditions(now, default_interval_ms)
+    conds = kind_conditions(now, default_interval_ms, line)
     mine = nodes.c.archived_ms.is_(None)
     counting = select(*(func.coalesce(func.sum(case((c, 1), else_=0)), 0) for c in conds.values())).where(mine)
     counts = dict(zip(conds, map(int, conn.execute(counting).one()), strict=True))
@@ -94,7 +109,7 @@ def alert_groups(
             ids = select(nodes.c.id).where(mine, cond).order_by(nodes.c.name)
             ids = ids.limit(page).offset(start) if kind == show_all else ids.limit(shown)
             listed[kind] = [int(i) for i in conn.execute(ids).scalars()]
-    worded = _worded(conn, now, default_interval_ms, sorted({i for ids in listed.values() for i in ids}))
+    worded = _worded(conn, now, default_interval_ms, sorted({i for ids in listed.values() for i in ids}), line)
     groups = [
         {
             "kind": kind,
@@ -108,12 +123,14 @@ def alert_groups(
     return {"total": sum(counts.values()), "groups": sorted(groups, key=group_order)}
 
 
-def _worded(conn: Connection, now: int, default_interval_ms: int, ids: list[int]) -> dict[tuple[int, str], Any]:
+def _worded(
+    conn: Connection, now: int, default_interval_ms: int, ids: list[int], line: float
+) -> dict[tuple[int, str], Any]:
     """The alerts of the nodes *ids*, by (node id, kind)."""
     out: dict[tuple[int, str], Any] = {}
     if ids:
         rows = _alert_rows(now, default_interval_ms, recent_exits(now, ids)).where(nodes.c.id.in_(ids))
         for r in conn.execute(rows).mappings():
-            for a in node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"])):
+            for a in node_alerts(r, int(r["oom_1h"]), int(r["stops_1h"]), line):
                 out[(int(r["id"]), a["kind"])] = a
     return out

@@ -1,6 +1,6 @@
 """The read side: the node list, one node's detail and history, the dashboard's cards, metric rows.
 
-Plain functions of a connection and the time ``now`` (epoch ms); the node status (online,
+Plain functions of a connection and the time ``now`` (epoch ms); the node status (online, refused,
 offline, run-only, archived) is the alert policy's rule (``oomguard.manager.alerts.node_status``),
 on the receive time of the node's latest report (or, for a node known only from ``run`` events,
 of its supervisor's latest event or heartbeat). Archived nodes leave the list (unless asked for
@@ -16,11 +16,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, Float, and_, case, cast, func, select
+from sqlalchemy import Connection, and_, case, func, select
 
-from oomguard.manager.alerts import alert_count, node_status, recent_exits, seen_joined
-from oomguard.manager.db import events, latest_reports, nodes
-from oomguard.manager.store import history
+from oomguard.manager.alerts import (
+    DEFAULT_LINE,
+    LIVE,
+    alert_count,
+    current_report,
+    last_seen,
+    node_alerts,
+    node_status,
+    recent_exits,
+    seen_joined,
+    working_set_high_since,
+    working_set_ratio,
+    working_set_ratio_sql,
+)
+from oomguard.manager.db import events, latest_reports, node_labels, nodes
+from oomguard.manager.store import history, supervisor
 from oomguard.manager.times import iso_ms
 
 DAY_MS = 24 * 3_600_000
@@ -43,56 +56,65 @@ DEFAULT_SORT = "risk"  # the API's and the dashboard's: who is about to OOM firs
 HISTORY_COLUMNS = history.COLUMNS
 
 
-def _filters(status: Any, state: str | None, q: str | None) -> list[Any]:
-    """The list's conditions: the status asked for, else every node not archived; the name filter."""
+def _filters(status: Any, state: str | None, q: str | None, label: tuple[str, str] | None = None) -> list[Any]:
+    """The list's conditions: the status asked for, else every node not archived; the name filter;
+    the label filter (*label*: key and value, through ``node_labels``' index)."""
     conds = [status == state] if state else [nodes.c.archived_ms.is_(None)]
     if q:
         escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         conds.append(nodes.c.name.like(f"%{escaped}%", escape="\\"))
+    if label is not None:
+        key, value = label
+        labelled = select(node_labels.c.node_id).where(node_labels.c.key == key, node_labels.c.value == value)
+        conds.append(nodes.c.id.in_(labelled))
     return conds
 
 
-def _counted(now: int, interval_ms: int, node_ids: list[int] | None = None) -> tuple[Any, list[Any]]:
+def _counted(
+    now: int, interval_ms: int, node_ids: list[int] | None = None, line: float = DEFAULT_LINE
+) -> tuple[Any, list[Any]]:
     """(nodes outer-joined with their recent exit counts (of *node_ids*, or all), the summary's
     computed columns)."""
     recent = recent_exits(now, node_ids)
-    status = node_status(now, interval_ms)
+    seen = seen_joined(now, interval_ms, recent, line)
     computed = [
-        status.label("status"),
+        seen.status.label("status"),
+        seen.current.label("current"),
         func.coalesce(recent.c.oom_24h, 0).label("oom_kills_24h"),
         func.coalesce(recent.c.stops_24h, 0).label("pressure_stops_24h"),
-        alert_count(seen_joined(status, recent)).label("alerts"),
+        alert_count(seen).label("alerts"),
     ]
     return nodes.outerjoin(recent, recent.c.node_id == nodes.c.id), computed
 
 
-def _working_set_ratio(status: Any) -> Any:
-    """SQL: working set over the effective limit, for an online node (*status*); NULL when either
-    is unknown, the limit is 0, or the node is not online (its last working set is not today's).
-
-    In floating point on both sides: dividing by an integer column makes SQLAlchemy cast it to
-    NUMERIC, which PostgreSQL then converts back to double for every one of 10,000 rows."""
-    ratio = cast(nodes.c.working_set_bytes, Float) * 100.0 / cast(func.nullif(nodes.c.effective_bytes, 0), Float)
-    return case((status == "online", ratio), else_=None)
+def _working_set_ratio(current: Any) -> Any:
+    """SQL: working set over the effective limit while the latest report is *current*; NULL when
+    either is unknown, the limit is 0, or the report is not current (its working set is history)."""
+    return case((current, working_set_ratio_sql()), else_=None)
 
 
 def _order(sort: str, computed: dict[str, Any]) -> list[Any]:
     """ORDER BY for *sort* (a key of SORT_KEYS, ``-`` for descending), then by name.
 
-    ``risk``: OOM kills in 24 h, then working set over limit (unknown or not online last), then alerts, each
-    highest first; ``-risk`` reverses the three. ``working_set_pct`` puts unknown last both ways.
-    Unknown (NULL) goes first or last by ``NULLS FIRST``/``NULLS LAST`` (PostgreSQL, and SQLite
-    since 3.30.0: https://sqlite.org/lang_select.html#nullslast), not by a second key."""
+    ``risk``: the live danger first. The live nodes (online, run-only, refused: ``alerts.LIVE``)
+    before the others (offline, archived); within each, working set over limit (unknown or not
+    current last), then open alerts, then OOM kills in 24 h, each highest first: a node at 99 % now
+    outranks one whose OOM kills are history. ``-risk`` reverses them all. ``working_set_pct``
+    puts unknown last both ways. Unknown (NULL) goes first or last by ``NULLS FIRST``/``NULLS
+    LAST`` (PostgreSQL, and SQLite since 3.30.0: https://sqlite.org/lang_select.html#nullslast),
+    not by a second key."""
     key, desc = sort.lstrip("-"), sort.startswith("-")
-    ratio = _working_set_ratio(computed["status"])
+    ratio = _working_set_ratio(computed["current"])
     if key == "risk":
-        keys = [computed["oom_kills_24h"], ratio, computed["alerts"]]
+        gone = case((computed["status"].in_(LIVE), 0), else_=1)
         if desc:  # reversed: the least risky first, unknown working set first
-            return [keys[0].asc(), ratio.asc().nulls_first(), keys[2].asc(), nodes.c.name.asc()]
-        return [keys[0].desc(), ratio.desc().nulls_last(), keys[2].desc(), nodes.c.name.asc()]
+            keys = [gone.desc(), ratio.asc().nulls_first(), computed["alerts"].asc(), computed["oom_kills_24h"].asc()]
+        else:
+            keys = [gone.asc(), ratio.desc().nulls_last(), computed["alerts"].desc(), computed["oom_kills_24h"].desc()]
+        return [*keys, nodes.c.name.asc()]
     if key == "working_set_pct":
         return [(ratio.desc() if desc else ratio.asc()).nulls_last(), nodes.c.name.asc()]
-    special = {**computed, "last_seen": nodes.c.last_seen_ms}
+    special = {**computed, "last_seen": last_seen()}
     column = special[key] if key in special else nodes.c[key]
     return [column.desc() if desc else column.asc(), nodes.c.name.asc()]
 
@@ -107,22 +129,23 @@ def list_nodes(
     limit: int,
     offset: int,
     sort: str,
+    label: tuple[str, str] | None = None,
+    line: float = DEFAULT_LINE,
 ) -> dict[str, Any]:
     """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match.
 
     Two steps: the page's node ids, sorted over every node that matches (only the sort keys go
     through the sort), then the summaries of those ids alone."""
-    joined, computed = _counted(now, interval_ms)
-    conds = _filters(node_status(now, interval_ms), status, q)
+    joined, computed = _counted(now, interval_ms, line=line)
+    conds = _filters(node_status(now, interval_ms), status, q, label)
     page = select(nodes.c.id).select_from(joined).where(*conds)
     page = page.order_by(*_order(sort, {c.name: c for c in computed})).limit(limit).offset(offset)
     ids = [int(i) for i in conn.execute(page).scalars()]
     total = int(conn.execute(select(func.count(nodes.c.id)).where(*conds)).scalar_one())
     rows = {}
     if ids:
-        joined, computed = _counted(now, interval_ms, ids)
-        summary_columns = [c for c in nodes.c if c.name != "latest_report"]  # NULL since 0005 (latest_reports)
-        found = select(*summary_columns, *computed).select_from(joined).where(nodes.c.id.in_(ids))
+        joined, computed = _counted(now, interval_ms, ids, line)
+        found = select(*SUMMARY_COLUMNS, *computed).select_from(joined).where(nodes.c.id.in_(ids))
         rows = {int(r["id"]): r for r in conn.execute(found).mappings()}
     return {
         "nodes": [_summary(rows[i]) for i in ids if i in rows],
@@ -132,33 +155,50 @@ def list_nodes(
     }
 
 
+SUMMARY_COLUMNS = [c for c in nodes.c if c.name != "latest_report"]  # NULL since 0005 (latest_reports)
+
+
 def working_set_pct(working_set: int | None, effective: int | None) -> float | None:
-    """Working set over the effective limit, in percent to one decimal; None when either is
-    unknown or the limit is 0."""
-    if working_set is None or not effective:
-        return None
-    return round(working_set * 100 / effective, 1)
+    """Working set over the effective limit (``alerts.working_set_ratio``), in percent to one
+    decimal; None when either is unknown or the limit is 0."""
+    ratio = working_set_ratio(working_set, effective)
+    return None if ratio is None else round(ratio * 100, 1)
 
 
 def _summary(r: Any) -> dict[str, Any]:
     warnings = json.loads(r["warnings"]) if r["warnings"] else []
+    seen = max(r["last_seen_ms"], r["last_event_ms"] or 0)
+    last_pct = working_set_pct(r["working_set_bytes"], r["effective_bytes"])
+    refused = None
+    if r["refused_ms"] is not None:
+        refused = {
+            "since": iso_ms(r["refused_ms"]),
+            "step": r["refused_step"],
+            "exit_code": r["refused_exit_code"],
+            "message": r["refused_message"],
+        }
     return {
         "name": r["name"],
         "status": r["status"],
-        "last_seen": iso_ms(r["last_seen_ms"]),
+        # The last sign of life: its latest report, event or heartbeat; ``last_report``: the report's.
+        "last_seen": iso_ms(seen),
+        "last_report": None if r["warnings"] is None else iso_ms(r["last_seen_ms"]),
+        "offline_since": iso_ms(seen) if r["status"] == "offline" else None,
+        "current": bool(r["current"]),  # whether the latest report is current (its working set a reading)
         "effective_bytes": r["effective_bytes"],
         "host_total_bytes": r["host_total_bytes"],
         "budget_bytes": r["budget_bytes"],
         "usage_bytes": r["usage_bytes"],
         "working_set_bytes": r["working_set_bytes"],
-        # Current only while the node reports: an offline node's last working set is history.
-        "working_set_pct": working_set_pct(r["working_set_bytes"], r["effective_bytes"])
-        if r["status"] == "online"
-        else None,
+        # Current only while the latest report is: an offline node's last working set is history,
+        # which ``last_working_set_pct`` keeps (the node page marks it as not current).
+        "working_set_pct": last_pct if r["current"] else None,
+        "last_working_set_pct": last_pct,
         "limited_by": r["limited_by"],
         "runtime": r["runtime"],
         "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
         "memlock_soft_bytes": r["memlock_soft_bytes"],
+        "cap_ipc_lock": r["cap_ipc_lock"],
         "oom_kills_24h": int(r["oom_kills_24h"] or 0),
         "pressure_stops_24h": int(r["pressure_stops_24h"] or 0),
         "alerts": int(r["alerts"] or 0),
@@ -166,27 +206,36 @@ def _summary(r: Any) -> dict[str, Any]:
         "warnings_count": len(warnings),
         "concurrency": r["concurrency"],
         "clock_skew_s": None if r["clock_skew_ms"] is None else r["clock_skew_ms"] / 1000,
+        "refused": refused,
+        "labels": json.loads(r["labels"]) if r["labels"] else {},
     }
 
 
-def _events(conn: Connection, node_id: int, limit: int) -> list[dict[str, Any]]:
+def events_page(conn: Connection, node_id: int, limit: int, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """(up to *limit* of the node's events from *offset*, newest first; how many it has)."""
     rows = conn.execute(
         select(events.c.received_ms, events.c.body)
         .where(events.c.node_id == node_id)
         .order_by(events.c.received_ms.desc(), events.c.id.desc())
         .limit(limit)
+        .offset(offset)
     ).all()
-    return [{**json.loads(body), "received": iso_ms(t)} for t, body in rows]
+    total = conn.execute(select(func.count(events.c.id)).where(events.c.node_id == node_id)).scalar_one()
+    return [{**json.loads(body), "received": iso_ms(t)} for t, body in rows], int(total)
 
 
-def _node_row(conn: Connection, now: int, interval_ms: int, name: str) -> Any:
+def _node_row(conn: Connection, now: int, interval_ms: int, name: str, line: float = DEFAULT_LINE) -> Any:
     node_id = conn.execute(select(nodes.c.id).where(nodes.c.name == name)).scalar()
     if node_id is None:
         return None
-    joined, computed = _counted(now, interval_ms, [int(node_id)])
+    recent = recent_exits(now, [int(node_id)])
+    joined, computed = _counted(now, interval_ms, [int(node_id)], line)
+    hour = [func.coalesce(recent.c[k], 0).label(k) for k in ("oom_1h", "stops_1h")]
     whole = latest_reports.c.report.label("latest_json")
-    query = select(nodes, *computed, whole).select_from(
-        joined.outerjoin(latest_reports, latest_reports.c.node_id == nodes.c.id)
+    query = select(*SUMMARY_COLUMNS, *computed, *hour, whole).select_from(
+        joined.outerjoin(recent, recent.c.node_id == nodes.c.id).outerjoin(
+            latest_reports, latest_reports.c.node_id == nodes.c.id
+        )
     )
     return conn.execute(query.where(nodes.c.id == node_id)).mappings().first()
 
@@ -200,18 +249,38 @@ def node_detail(
     events_limit: int,
     history_points: int,
     history_since_ms: int | None = None,
+    line: float = DEFAULT_LINE,
 ) -> dict[str, Any] | None:
-    """One node: its summary, latest whole report, history (oldest first, at most *history_points*
-    entries, downsampled when there are more reports; from *history_since_ms* on when given) and
-    events (newest first)."""
-    row = _node_row(conn, now, interval_ms, name)
+    """One node: its summary, open alerts, latest whole report, its supervisor's state
+    (``supervisor.state``), history (oldest first, at most
+    *history_points* entries, downsampled when there are more reports; from *history_since_ms* on
+    when given) and its latest *events_limit* events (newest first; ``events_total`` says how many
+    it has: ``node_events`` pages through them all)."""
+    row = _node_row(conn, now, interval_ms, name, line)
     if row is None:
         return None
     out = _summary(row)
+    worded = {**row, "run_only": row["warnings"] is None}
+    out["open_alerts"] = node_alerts(worded, int(row["oom_1h"]), int(row["stops_1h"]), line)
     out["latest"] = json.loads(row["latest_json"]) if row["latest_json"] else None
+    plan = (out["latest"] or {}).get("plan") if isinstance(out["latest"], dict) else None
+    planned = plan.get("concurrency") if isinstance(plan, dict) else None
+    recent = supervisor.recent_events(conn, row["id"])
+    out["supervisor"] = supervisor.state(
+        recent, now, planned if isinstance(planned, int) else None, out["status"] != "offline"
+    )
     out["history"], out["history_count"] = history.series(conn, row["id"], history_points, history_since_ms)
-    out["events"] = _events(conn, row["id"], events_limit)
+    out["events"], out["events_total"] = events_page(conn, row["id"], events_limit)
     return out
+
+
+def node_events(conn: Connection, name: str, limit: int, offset: int) -> dict[str, Any] | None:
+    """A page of one node's events, newest first; None for no such node."""
+    node_id = conn.execute(select(nodes.c.id).where(nodes.c.name == name)).scalar()
+    if node_id is None:
+        return None
+    page, total = events_page(conn, int(node_id), limit, offset)
+    return {"node": name, "events": page, "total": total, "limit": limit, "offset": offset}
 
 
 def node_history(conn: Connection, name: str, limit: int, before: tuple[int, int] | None) -> dict[str, Any] | None:
@@ -223,9 +292,10 @@ def node_history(conn: Connection, name: str, limit: int, before: tuple[int, int
 
 
 def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
-    """The dashboard's cards: nodes by status (``online``, ``offline``, ``run_only``, and
-    ``archived``, which the other cards leave out), the total effective memory of the nodes not
-    archived, and their OOM kills and pressure stops of the last day (each counted once).
+    """The dashboard's cards: nodes by status (``online``, ``offline``, ``run_only``, ``refused``,
+    and ``archived``, which the other cards leave out), the total effective memory of the online
+    nodes (the memory the fleet has now: an offline node's is not there), and the OOM kills and
+    pressure stops of the last day of the nodes not archived (each counted once).
 
     One pass over the nodes, grouped by status, with each node's recent exits joined."""
     status = node_status(now, interval_ms)
@@ -241,12 +311,13 @@ def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
         .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
         .group_by(status)
     )
-    out = {"online": 0, "offline": 0, "run_only": 0, "archived": 0, "effective_bytes": 0}
+    out = {"online": 0, "offline": 0, "run_only": 0, "refused": 0, "archived": 0, "effective_bytes": 0}
     out["oom_kills_24h"] = out["pressure_stops_24h"] = 0
     for st, count, total, ooms, stops in conn.execute(per_status).all():
         out[str(st).replace("-", "_")] = int(count)
+        if st == "online":
+            out["effective_bytes"] = int(total)
         if st != "archived":
-            out["effective_bytes"] += int(total)
             out["oom_kills_24h"] += int(ooms)
             out["pressure_stops_24h"] += int(stops)
     return out
@@ -258,9 +329,10 @@ def _total(reason: str) -> Any:
     return select(func.count(events.c.id)).where(mine).scalar_subquery()
 
 
-def metric_rows(conn: Connection, now: int, interval_ms: int) -> list[dict[str, Any]]:
+def metric_rows(conn: Connection, now: int, interval_ms: int, line: float = DEFAULT_LINE) -> list[dict[str, Any]]:
     """The numbers of each node not archived, for /metrics, by name; OOM kills and pressure stops
-    counted over all the history kept."""
+    counted over all the history kept; ``ws_high_since_ms``: when its ``working-set-high`` alert
+    began (None: it has none; ``alerts.working_set_high_since``)."""
     query = (
         select(
             nodes.c.name,
@@ -270,12 +342,19 @@ def metric_rows(conn: Connection, now: int, interval_ms: int) -> list[dict[str, 
             nodes.c.memlock_soft_bytes,
             nodes.c.usage_bytes,
             nodes.c.working_set_bytes,
-            nodes.c.last_seen_ms,
+            last_seen().label("last_seen_ms"),
+            nodes.c.last_seen_ms.label("report_ms"),
+            nodes.c.ws_high_since_ms,
+            nodes.c.labels,
             node_status(now, interval_ms).label("status"),
+            current_report(now, interval_ms).label("current"),
             _total("oom-kill").label("oom_kills_total"),
             _total("pressure-stop").label("pressure_stops_total"),
         )
         .where(nodes.c.archived_ms.is_(None))
         .order_by(nodes.c.name)
     )
-    return [dict(r) for r in conn.execute(query).mappings().all()]
+    rows = [dict(r) for r in conn.execute(query).mappings().all()]
+    for r in rows:
+        r["ws_high_since_ms"] = working_set_high_since({**r, "last_seen_ms": r["report_ms"]}, line)
+    return rows

@@ -29,8 +29,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from oomguard.manager import contract
+from oomguard.manager.alerts import DEFAULT_LINE, working_set_high
 from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
-from oomguard.manager.db import events, latest_reports, nodes, reports
+from oomguard.manager.db import events, latest_reports, node_labels, nodes, reports
 from oomguard.manager.store import history
 from oomguard.manager.store.commit import GroupCommitter
 from oomguard.manager.times import now_ms
@@ -56,23 +57,35 @@ _LATEST = (  # the node's latest values, unless a report received later got ther
         gpus=bindparam("b_gpus"),
         # A report without a plan leaves the jobs column to the supervisor's start events.
         concurrency=func.coalesce(bindparam("b_concurrency"), nodes.c.concurrency),
+        # The first of the consecutive reports at or above the working-set line (alerts.working_set_high).
+        ws_high_since_ms=case(
+            (bindparam("b_high") == 1, func.coalesce(nodes.c.ws_high_since_ms, bindparam("b_t"))), else_=None
+        ),
         # The report's other columns as it says them (None stays NULL: unknown, never 0).
         **{name: bindparam(f"b_{name}") for name in contract.COLUMNS if name != "concurrency"},
     )
 )
 
 
+def labels_json(labels: dict[str, str] | None) -> str | None:
+    """The labels as the ``nodes.labels`` column holds them (sorted keys); None when none were sent."""
+    return None if labels is None else json.dumps(labels, sort_keys=True, separators=(",", ":"))
+
+
 class _ReportItem:
     """A report waiting for the writer: the history row and the node's new latest values."""
 
-    __slots__ = ("latest", "node", "report", "row", "t")
+    __slots__ = ("labels", "latest", "node", "report", "row", "t")
 
-    def __init__(self, node: str, t: int, row: dict[str, Any], latest: dict[str, Any], report: str) -> None:
+    def __init__(
+        self, node: str, t: int, row: dict[str, Any], latest: dict[str, Any], report: str, *, labels: str | None
+    ) -> None:
         self.node = node
         self.t = t
         self.row = row
         self.latest = latest
         self.report = report  # the whole report, JSON
+        self.labels = labels  # the envelope's labels, JSON (None: not sent, the node keeps its own)
 
     @property
     def order(self) -> tuple[int, int]:
@@ -81,8 +94,9 @@ class _ReportItem:
         return self.t, -(2**63) if agent is None else agent
 
 
-def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | None) -> _ReportItem:
+def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | None, line: float) -> _ReportItem:
     columns = contract.columns(env.report)
+    high = working_set_high(columns["working_set_bytes"], columns["effective_bytes"], columns["budget_bytes"], line)
     row = {
         "ingest_id": env.id,
         "received_ms": t,
@@ -95,16 +109,18 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | 
         "b_interval": int(env.interval_s * 1000) if env.interval_s else None,
         "b_warnings": json.dumps(columns["warnings"]),
         "b_gpus": json.dumps(columns["gpus"]),
+        "b_high": int(high),
         **{f"b_{name}": columns[name] for name in contract.COLUMNS},
     }
-    return _ReportItem(env.node, t, row, latest, report_json)
+    return _ReportItem(env.node, t, row, latest, report_json, labels=labels_json(env.labels))
 
 
 class Writer:
     """Every write of the manager, on one group-commit thread; *clock* gives the receive time."""
 
-    def __init__(self, engine: Engine, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, engine: Engine, clock: Callable[[], int] = now_ms, line: float = DEFAULT_LINE) -> None:
         self.sqlite = engine.dialect.name == "sqlite"
+        self.line = line  # the working-set line, which ``ws_high_since_ms`` is kept by
         self._insert = sqlite_insert if self.sqlite else pg_insert
         self.clock = clock
         self._node_ids: dict[str, int] = {}  # written only by the writer thread
@@ -121,7 +137,7 @@ class Writer:
 
     async def report(self, env: ReportEnvelope, report_json: str, agent_ms: int | None = None) -> bool:
         """Store a report received now, with the agent's own time; False when its id was stored before."""
-        item = _report_item(env, report_json, self.clock(), agent_ms)
+        item = _report_item(env, report_json, self.clock(), agent_ms, self.line)
         return bool(await self.committer.submit_async(item))
 
     async def event(self, env: EventEnvelope, body_json: str) -> bool:
@@ -141,7 +157,7 @@ class Writer:
         self._node_ids.pop(name, None)  # the writer thread's cache: a later report creates the node anew
         if node_id is None:
             return False
-        for table in (events, reports, latest_reports):  # explicitly, not by trusting ON DELETE CASCADE
+        for table in (events, reports, latest_reports, node_labels):  # explicitly, not by trusting ON DELETE CASCADE
             conn.execute(delete(table).where(table.c.node_id == node_id))
         conn.execute(delete(nodes).where(nodes.c.id == node_id))
         return True
@@ -180,6 +196,7 @@ class Writer:
             conn.execute(_LATEST, [{**newest[n].latest, "b_id": n} for n in sorted(newest)])
             whole = [{"node_id": n, "received_ms": newest[n].t, "report": newest[n].report} for n in sorted(newest)]
             conn.execute(self._upsert_latest, whole)
+        _set_labels(conn, {n: text for n in newest if (text := newest[n].labels) is not None})
         return [first[it.row["ingest_id"]] is it and it.row["ingest_id"] in stored for it in items]
 
     def _event_writer(self, env: EventEnvelope, body_json: str, t: int) -> Callable[[Connection], bool]:
@@ -207,11 +224,11 @@ class Writer:
             ).first()
             if row is None:
                 return False
-            changes = _alive(t)
-            if e.event == "start" and e.concurrency is not None:
-                # The jobs column shows what the supervisor really runs (after step-downs), not the plan.
-                changes["concurrency"] = e.concurrency
+            changes = {**_alive(t), **_event_changes(e, t)}
             conn.execute(update(nodes).where(nodes.c.id == node_id).values(**changes))
+            labels = labels_json(env.labels)
+            if labels is not None:
+                _set_labels(conn, {node_id: labels})
             return True
 
         return write
@@ -231,6 +248,52 @@ class Writer:
             return True
 
         return write
+
+
+def _event_changes(e: Any, t: int) -> dict[str, Any]:
+    """The node's columns an event changes besides ``_alive``'s: the jobs a start gives, the limit
+    and budget of a node no agent reported, and the gate's refusal (set by a failed gate; cleared
+    by a later start or passed gate)."""
+    changes: dict[str, Any] = {}
+    never_reported = nodes.c.warnings.is_(None)
+    if e.event == "start":
+        if e.concurrency is not None:
+            # The jobs column shows what the supervisor really runs (after step-downs), not the plan.
+            changes["concurrency"] = e.concurrency
+        for name in ("effective_bytes", "limited_by", "budget_bytes"):  # a report's, where there is one
+            if getattr(e, name) is not None:
+                changes[name] = case((never_reported, getattr(e, name)), else_=nodes.c[name])
+    if e.event == "gate" and not e.passed:
+        later = or_(nodes.c.refused_ms.is_(None), nodes.c.refused_ms <= t)
+        values = {
+            "refused_ms": t,
+            "refused_step": e.step,
+            "refused_exit_code": e.exit_code,
+            "refused_message": e.message,
+        }
+        changes.update({k: case((later, v), else_=nodes.c[k]) for k, v in values.items()})
+    elif e.event in ("start", "gate"):
+        changes["refused_ms"] = case((nodes.c.refused_ms <= t, None), else_=nodes.c.refused_ms)
+    return changes
+
+
+def _set_labels(conn: Connection, labels: dict[int, str]) -> None:
+    """Each node's latest labels (*labels*: node id -> ``labels_json``): the column, and the
+    ``node_labels`` rows the filter reads, rewritten only where they changed."""
+    if not labels:
+        return
+    held = dict(conn.execute(select(nodes.c.id, nodes.c.labels).where(nodes.c.id.in_(sorted(labels)))).all())
+    changed = sorted(n for n, text in labels.items() if n in held and held[n] != text)
+    if not changed:
+        return
+    conn.execute(
+        update(nodes).where(nodes.c.id == bindparam("b_id")).values(labels=bindparam("b_labels")),
+        [{"b_id": n, "b_labels": labels[n]} for n in changed],
+    )
+    conn.execute(delete(node_labels).where(node_labels.c.node_id.in_(changed)))
+    rows = [{"node_id": n, "key": k, "value": v} for n in changed for k, v in json.loads(labels[n]).items()]
+    if rows:
+        conn.execute(node_labels.insert(), rows)
 
 
 def _alive(t: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 
 from oomguard.manager import contract
 from oomguard.manager.alerts import STATUSES
-from oomguard.manager.bodies import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored
+from oomguard.manager.bodies import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored, label_filter
 from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth, classify
 from oomguard.manager.times import parse_iso_ms
@@ -88,11 +88,24 @@ async def get_nodes(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     sort: Annotated[str, Query(pattern="^-?(" + "|".join(SORT_KEYS) + ")$")] = DEFAULT_SORT,
+    label: Annotated[str | None, Query(max_length=320, pattern=NO_NUL, description="KEY=VALUE")] = None,
 ) -> dict[str, Any]:
     """Node summaries, a page at a time. Without *status*, every node but the archived ones.
-    *sort* ``risk`` (the default): OOM kills in 24 h, then working set over limit, then open
-    alerts, riskiest first."""
-    return await db_read(request, store.list_nodes, status=status, q=q, limit=limit, offset=offset, sort=sort)
+    *sort* ``risk`` (the default): the live nodes first (online, run-only, refused), by working
+    set over limit, then open alerts, then OOM kills in 24 h; the offline ones after them.
+    *label* ``KEY=VALUE``: the nodes whose latest labels hold it."""
+    wanted = parse_label(label)
+    return await db_read(
+        request, store.list_nodes, status=status, q=q, limit=limit, offset=offset, sort=sort, label=wanted
+    )
+
+
+def parse_label(text: str | None) -> tuple[str, str] | None:
+    """``KEY=VALUE`` of the label filter, as (key, value); 422 for anything else."""
+    try:
+        return None if text is None else label_filter(text)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
 
 
 NodeName = Annotated[str, Path(pattern=NODE_PATTERN, max_length=128)]
@@ -130,6 +143,21 @@ async def get_node_history(
     return page
 
 
+@reads.get("/api/v1/nodes/{name}/events")
+async def get_node_events(
+    request: Request,
+    store: StoreDep,
+    name: NodeName,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 25,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> dict[str, Any]:
+    """The node's events (its timeline), newest first, a page at a time: ``total`` says how many."""
+    page = await db_read(request, store.node_events, name, limit=limit, offset=offset)
+    if page is None:
+        raise HTTPException(404, f"no node named {name!r}")
+    return page
+
+
 @admin.delete("/nodes/{name}", status_code=204, responses={404: {"description": "no such node"}})
 async def delete_node(request: Request, store: StoreDep, name: NodeName) -> Response:
     """Forget a node: the node and all its rows (reports, events) are deleted. A later report or
@@ -152,7 +180,7 @@ async def metrics(request: Request, store: StoreDep) -> Response:
     except DatabaseUnavailable:
         rows = None
     db_health: DbHealth = request.app.state.health
-    text_, content_type = render_metrics(rows, dict(db_health.errors))
+    text_, content_type = render_metrics(rows, dict(db_health.errors), store.line)
     return Response(text_, media_type=content_type)
 
 

@@ -7,12 +7,29 @@ so a rate() over it works before the first failure). When the database cannot be
 still answers with these (and ``oomguard_manager_database_up 0``), without the node series.
 
 A node's gauge whose value is unknown (a report without usage, say) has no sample, never NaN or
-0; usage and working set are sampled only while the node is online (an offline node's last
-reading is history, and Prometheus should see it go stale); archived nodes have no series at all.
+0; usage, working set and its ratio to the limit are sampled only while the node's latest report
+is current (an offline node's last reading is history, and Prometheus should see it go stale);
+archived nodes have no series at all.
+
+Names follow https://prometheus.io/docs/practices/naming/: base units, ``_bytes``, ``_ratio``
+for a ratio of 0 to 1 (``oomguard_memory_working_set_ratio``), ``_total`` for counters.
+``oomguard_nodes{state}`` counts the nodes by status (every status there, at 0 when none, so an
+alert on ``state="refused"`` works before the first refusal). The node's labels are on one series
+only, ``oomguard_node_info{node, ...} 1`` (the info-metric pattern: "a metric with a constant
+value of 1 and the labels as its labels", https://prometheus.io/docs/concepts/metric_types/ and
+OpenMetrics' Info type), joined where wanted with ``* on (node) group_left(...)``; never on every
+series, which would multiply the cardinality. A label named ``node`` is exported as
+``exported_node``, as Prometheus itself renames a target's label that clashes
+(https://prometheus.io/docs/prometheus/latest/configuration/configuration/#scrape_config,
+``honor_labels``). ``oomguard_memory_working_set_high_since_timestamp_seconds{node}`` is the
+manager's own ``working-set-high`` alert (its line, its budget rule, since when), on the nodes
+that have it only, so the Prometheus rule asks the manager's question rather than a copy of it;
+``oomguard_manager_working_set_line_ratio`` is the line.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +37,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from oomguard.manager.alerts import DEFAULT_LINE, working_set_ratio
 
 GAUGES = (
     ("oomguard_memory_effective_bytes", "effective_bytes", "The hard memory ceiling of the node's worker."),
@@ -39,7 +58,18 @@ GAUGES = (
 )
 
 
-CURRENT_ONLY = ("usage_bytes", "working_set_bytes")  # sampled only while the node is online
+CURRENT_ONLY = ("usage_bytes", "working_set_bytes")  # sampled only while the latest report is current
+STATES = ("online", "offline", "run-only", "refused")  # oomguard_nodes{state}: the statuses but archived
+
+
+def node_info(rows: list[dict[str, Any]]) -> Metric:
+    """``oomguard_node_info{node, <labels>} 1``: each node's latest labels, on this one series."""
+    info = Metric("oomguard_node_info", "The node's latest labels (value 1), to join on node.", "gauge")
+    for r in rows:
+        labels = json.loads(r["labels"]) if r.get("labels") else {}
+        named = {("exported_node" if k == "node" else k): str(v) for k, v in labels.items()}
+        info.add_sample("oomguard_node_info", {"node": r["name"], **named}, 1.0)
+    return info
 
 
 class _Nodes:
@@ -51,13 +81,38 @@ class _Nodes:
             g = GaugeMetricFamily(name, doc, labels=["node"])
             for r in self.rows:
                 v = r[key]
-                if key in CURRENT_ONLY and r["status"] != "online":
+                if key in CURRENT_ONLY and not r.get("current", r["status"] == "online"):
                     continue  # an offline node's last usage is history, not a reading: no sample
                 if v is None and key == "memlock_soft_bytes" and r["effective_bytes"] is not None:
                     v = math.inf
                 if v is not None:
                     g.add_metric([r["name"]], float(v))
             yield g
+        ratio = GaugeMetricFamily(
+            "oomguard_memory_working_set_ratio",
+            "Working set over the effective limit (0 to 1; above 1 past it), while the latest report is current.",
+            labels=["node"],
+        )
+        for r in self.rows:
+            value = working_set_ratio(r["working_set_bytes"], r["effective_bytes"])
+            if value is not None and r.get("current"):
+                ratio.add_metric([r["name"]], value)
+        yield ratio
+        since = GaugeMetricFamily(
+            "oomguard_memory_working_set_high_since_timestamp_seconds",
+            "When the node's working-set-high alert began (at or above the manager's line, or above the budget);"
+            " only nodes that have it.",
+            labels=["node"],
+        )
+        for r in self.rows:
+            if r.get("ws_high_since_ms") is not None:
+                since.add_metric([r["name"]], r["ws_high_since_ms"] / 1000)
+        yield since
+        states = GaugeMetricFamily("oomguard_nodes", "Nodes by status (archived ones left out).", labels=["state"])
+        for state in STATES:
+            states.add_metric([state], float(sum(1 for r in self.rows if r["status"] == state)))
+        yield states
+        yield node_info(self.rows)
         c = CounterMetricFamily(
             "oomguard_oom_kills",
             "OOM kills reported by the node's supervisor, kept across container restarts.",
@@ -90,9 +145,10 @@ class _Nodes:
 
 
 class _Manager:
-    def __init__(self, db_errors: dict[str, int], db_up: bool) -> None:
+    def __init__(self, db_errors: dict[str, int], db_up: bool, line: float) -> None:
         self.db_errors = db_errors
         self.db_up = db_up
+        self.line = line
 
     def collect(self) -> Iterator[Metric]:
         errors = CounterMetricFamily(
@@ -106,12 +162,19 @@ class _Manager:
         yield GaugeMetricFamily(
             "oomguard_manager_database_up", "1 when this scrape could read the database.", value=float(self.db_up)
         )
+        yield GaugeMetricFamily(
+            "oomguard_manager_working_set_line_ratio",
+            "The working-set alert's line, a share of the effective limit (--working-set-line).",
+            value=self.line,
+        )
 
 
-def render_metrics(rows: list[dict[str, Any]] | None, db_errors: dict[str, int]) -> tuple[bytes, str]:
+def render_metrics(
+    rows: list[dict[str, Any]] | None, db_errors: dict[str, int], line: float = DEFAULT_LINE
+) -> tuple[bytes, str]:
     """The exposition: node series from *rows* (None: the database could not be read) and the manager's own."""
     registry = CollectorRegistry()
     if rows is not None:
         registry.register(_Nodes(rows))
-    registry.register(_Manager(db_errors, rows is not None))
+    registry.register(_Manager(db_errors, rows is not None, line))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -20,7 +20,8 @@ from fastapi import APIRouter, Cookie, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from markupsafe import Markup
 
-from oomguard.manager.alerts import STATUSES
+from oomguard.manager.alerts import LIVE, STATUSES
+from oomguard.manager.bodies import label_filter
 from oomguard.manager.reportschema import conform_report
 from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS
 from oomguard.manager.web.chart import RANGES, memory_chart
@@ -32,6 +33,7 @@ from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
 from oomguard.nodes import is_valid_node_name
 
 PAGE_SIZE = 50
+TIMELINE_PAGE = 25  # a node's events listed per page of its timeline
 RAW_REPORTS = 3000  # the most entries a chart of up to a day draws (a day at 30 s is 2,880 reports)
 STATIC_DIR = os.path.join(HERE, "static")
 COLUMNS = (  # sort key, heading, the direction of a first click ("-": highest first)
@@ -66,6 +68,7 @@ async def index(
     store: StoreDep,
     q: str = "",
     status: str = "",
+    label: str = "",
     sort: str = DEFAULT_SORT,
     offset: str = "0",
     show: Annotated[str, Query(alias="alerts", max_length=64)] = "",
@@ -73,17 +76,31 @@ async def index(
     notice: Annotated[str | None, Cookie(alias=NOTICE)] = None,
 ) -> Response:
     """The fleet: cards, alerts grouped by kind (*show*: the kind listed in full, ``ALERTS_PAGE``
-    at a time from *alerts_offset*), a page of nodes, riskiest first unless *sort* says otherwise."""
+    at a time from *alerts_offset*), a page of nodes (of the *label* ``KEY=VALUE`` when given),
+    riskiest first unless *sort* says otherwise."""
     q = q.replace("\x00", "")[:128]  # PostgreSQL text cannot hold NUL
     status = status if status in STATUSES else ""
     sort = sort if sort.lstrip("-") in SORT_KEYS else DEFAULT_SORT
     start = _offset(offset)
+    label = label.replace("\x00", "")[:320]
+    label_error, wanted = None, None
+    try:
+        wanted = label_filter(label) if label else None
+    except ValueError as exc:
+        label_error = str(exc)
     listing = await db_read(
-        request, store.list_nodes, status=status or None, q=q or None, limit=PAGE_SIZE, offset=start, sort=sort
+        request,
+        store.list_nodes,
+        status=status or None,
+        q=q or None,
+        limit=PAGE_SIZE,
+        offset=start,
+        sort=sort,
+        label=wanted,
     )
     alerts = await db_read(request, store.alert_groups, ALERTS_SHOWN, show, _offset(alerts_offset), ALERTS_PAGE)
     summary = await db_read(request, store.summary)
-    current: dict[str, Any] = {"q": q, "status": status, "sort": sort, "offset": start}
+    current: dict[str, Any] = {"q": q, "status": status, "label": label, "sort": sort, "offset": start}
     forgotten = notice if notice and is_valid_node_name(notice) else None
     response = render(
         request,
@@ -99,6 +116,8 @@ async def index(
         default_sort=DEFAULT_SORT,
         sort_link=sort_link,
         forgotten=forgotten,
+        live=LIVE,
+        label_error=label_error,
         query=lambda **kw: _query(current, kw),
         **current,
     )
@@ -119,12 +138,13 @@ def chart_since_ms(chosen: str, now_s: float) -> int:
 
 @fleet_pages.get("/nodes/{name}", response_class=HTMLResponse)
 async def node_page(
-    request: Request, store: StoreDep, settings: SettingsDep, name: str, range: str = "30d"
+    request: Request, store: StoreDep, settings: SettingsDep, name: str, *, range: str = "30d", events: str = "0"
 ) -> Response:
     """One node; ``?range=`` (1h, 24h, 7d, 30d) sets the chart's span: the store's series of the
     reports received in it. Up to a day, that is the reports themselves while there are at most
     ``RAW_REPORTS`` of them (a day at the default 30 s is 2,880), else the worst of each of
-    ``RAW_REPORTS`` equal time buckets; longer ranges draw ``HISTORY_POINTS`` buckets."""
+    ``RAW_REPORTS`` equal time buckets; longer ranges draw ``HISTORY_POINTS`` buckets. The
+    timeline lists ``TIMELINE_PAGE`` events from ``?events=`` (an offset), newest first."""
     chosen = range if range in RANGES else "30d"
     now = time.time()
     points = RAW_REPORTS if RANGES[chosen] <= 86400 else HISTORY_POINTS
@@ -137,12 +157,15 @@ async def node_page(
     )
     if detail is None:
         return missing_node(request, name)
+    timeline = await db_read(request, store.node_events, name, limit=TIMELINE_PAGE, offset=_offset(events))
     chart = Markup(memory_chart(detail["history"], detail["events"], RANGES[chosen], now))  # numbers; labels escaped
     report = conform_report(detail["latest"])
     return render(
         request,
         "node.html",
         node=detail,
+        timeline=timeline or {"events": [], "total": 0, "offset": 0},
+        events_page=TIMELINE_PAGE,
         chart=chart,
         report=report,
         range=chosen,
