@@ -57,16 +57,28 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The suite under coverage of src/oomguard (settings: [tool.coverage] in pyproject.toml). The
-# summary is printed after the tests whether they pass or not; the target fails when a test fails.
-# `make cov` is the same without lint and type checks, and lists the lines not run.
-# PYTEST_ARGS passes options to pytest: make cov PYTEST_ARGS='-x tests/test_plan.py'.
-cov: COV_REPORT := --show-missing
-pytest cov: $(STAMP)
+# The whole suite, in two pytest processes at once: the cgroup v2 VM's (tests/vm: qemu, whose TCG
+# vCPU keeps one CPU busy for minutes, its log in test-artifacts/vm.log, printed after) and the
+# host's, over TEST_WORKERS pytest-xdist workers (a module stays on one) under coverage of
+# src/oomguard (pytest-cov combines the workers' data; settings: [tool.coverage] in
+# pyproject.toml). The coverage summary is printed whether the tests pass or not; the target
+# fails when a test of either fails.
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+pytest: $(STAMP)
+	@mkdir -p test-artifacts
+	$(BIN)/python -m pytest -q tests/vm > test-artifacts/vm.log 2>&1 & vm=$$!; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/vm --cov --cov-report=term \
+		$(PYTEST_ARGS); rc=$$?; \
+	wait $$vm; vrc=$$?; echo "== tests/vm (test-artifacts/vm.log), exit $$vrc"; cat test-artifacts/vm.log; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$vrc
+
+# One process, under coverage, listing the lines not run; no lint or type checks. PYTEST_ARGS
+# passes options to pytest: make cov PYTEST_ARGS='-x tests/test_plan.py'.
+cov: $(STAMP)
 	@mkdir -p test-artifacts
 	$(BIN)/python -m coverage erase
 	$(BIN)/python -m coverage run -m pytest $(PYTEST_ARGS); rc=$$?; \
-	$(BIN)/python -m coverage report $(COV_REPORT); rrc=$$?; \
+	$(BIN)/python -m coverage report --show-missing; rrc=$$?; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$rrc
 
 # Rewrite in place: lint fixes first, then formatting (what `make lint` checks).
