@@ -142,7 +142,7 @@ def test_node_page_reads_in_words_and_units(browser: Browser, fleet: ManagerProc
     assert "False" not in kv and "True" not in kv and "CAP_IPC_LOCK: no" in kv
     assert "soft: unlimited, hard: unlimited" in kv and re.search(r"CPUs\s+2 \(", kv) and " -" not in kv
     when = page.locator("ol.timeline time").first
-    assert re.fullmatch(r"\d+ s ago", when.inner_text())
+    assert re.fullmatch(r"\d+ [sm] ago", when.inner_text())  # the module's fleet may be a minute old on a loaded host
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", when.get_attribute("title") or "")
     words = page.locator("td.gpu").first.evaluate(
         "e => getComputedStyle(e).wordBreak + '/' + getComputedStyle(e).overflowWrap"
