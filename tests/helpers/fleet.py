@@ -46,6 +46,11 @@ def pct_text(i: int) -> str:
     return "unknown" if ws is None else f"{ws * 100 / LIMIT:.1f}%"
 
 
+# The twenty report with a one-hour interval: online for three hours, so a module's tests see them
+# online however slowly a loaded host runs them (at the default 30 s, 90 s later they went offline).
+FLEET_INTERVAL_S = 3600
+
+
 def seed_twenty(s: ManagerProcess) -> None:
     """20 nodes of 8 GPUs: node-00 fits 0 jobs, node-01's budget is above its limit, node-02 uses
     more than its limit, node-03..09 sized from the host (one alert kind with 7 nodes), OOM kills
@@ -61,7 +66,8 @@ def seed_twenty(s: ManagerProcess) -> None:
             report["memlock"].update(soft_bytes=None, hard_bytes=None)
         if i == 2:
             report["warnings"].append({"code": "usage-above-limit", "message": "usage is above the limit"})
-        api(s, "/api/v1/reports", {"node": f"node-{i:02d}", "id": uuid.uuid4().hex, "report": report})
+        envelope = {"node": f"node-{i:02d}", "id": uuid.uuid4().hex, "report": report, "interval_s": FLEET_INTERVAL_S}
+        api(s, "/api/v1/reports", envelope)
     for _ in range(2):
         for event in (
             {"event": "exit", "reason": "oom-kill", "signal": 9},
