@@ -252,13 +252,17 @@ class MemoryBudget:
         excess = None if self._admission is None else self._admission.excess(self._used, nbytes)
         return max(self._used + nbytes - self.total, excess or 0)
 
-    def reserve(self, nbytes: int, timeout: float | None = None) -> Reservation:
-        """Wait until *nbytes* fit (first come, first served); TimeoutError after *timeout* seconds."""
+    def _take_or_shortfall(self, nbytes: int) -> int | None:
+        """Take *nbytes* now if they fit (None), else the bytes missing; ``reserve`` and ``areserve``."""
         self._check(nbytes)
         with self._lock:
-            if self._take_locked(nbytes):
-                return Reservation(self, nbytes)
-            short = self._shortfall(nbytes)
+            return None if self._take_locked(nbytes) else self._shortfall(nbytes)
+
+    def reserve(self, nbytes: int, timeout: float | None = None) -> Reservation:
+        """Wait until *nbytes* fit (first come, first served); TimeoutError after *timeout* seconds."""
+        short = self._take_or_shortfall(nbytes)
+        if short is None:
+            return Reservation(self, nbytes)
         if self._evict is not None and short > 0:
             self._evict(short)
         waiter = _Waiter(nbytes, event=threading.Event())
@@ -276,11 +280,9 @@ class MemoryBudget:
         import asyncio
         import inspect
 
-        self._check(nbytes)
-        with self._lock:
-            if self._take_locked(nbytes):
-                return Reservation(self, nbytes)
-            short = self._shortfall(nbytes)
+        short = self._take_or_shortfall(nbytes)
+        if short is None:
+            return Reservation(self, nbytes)
         if self._evict is not None and short > 0:
             result = self._evict(short)
             if inspect.isawaitable(result):
