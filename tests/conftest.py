@@ -24,7 +24,7 @@ pytest_plugins = ["tests.helpers.dashboard", "tests.helpers.fleet"]  # shared fi
 # them; CONTRIBUTING.md lists them; `make test-fast` deselects all four). Given here, by what a
 # test uses, so a new test is marked by the fixture it asks for, not by remembering a decorator.
 BROWSER_FIXTURES = frozenset({"browser"})  # headless Chromium (tests/helpers/dashboard.py)
-POSTGRES_FIXTURES = frozenset({"pg", "own_pg"})  # a real PostgreSQL server (tests/pg.py)
+POSTGRES_FIXTURES = frozenset({"pg", "own_pg", "frozen_pg"})  # a real PostgreSQL server (tests/pg.py)
 
 
 def _markers(item: pytest.Item) -> list[str]:

@@ -6,14 +6,18 @@ server runs as the `postgres` user (PostgreSQL refuses root).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def _bindir() -> str | None:
@@ -28,8 +32,12 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    """*keep*: the cluster lives in that directory, is reused when it holds one, and is kept at
+    stop() (bench/dashboard.py --keep: load 100,000 nodes once, measure later)."""
+
+    def __init__(self, keep: str | None = None) -> None:
         self.bindir = _bindir()
+        self.keep = keep
         self.dir = ""
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -51,18 +59,23 @@ class PostgresServer:
 
     def start(self) -> str:
         assert self.bindir is not None
-        self.dir = tempfile.mkdtemp(prefix="oomguard-pg-")
+        if self.keep:
+            os.makedirs(self.keep, exist_ok=True)
+            self.dir = self.keep
+        else:
+            self.dir = tempfile.mkdtemp(prefix="oomguard-pg-")
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
         data = os.path.join(self.dir, "data")
-        subprocess.run(
-            self._as_owner(
-                [f"{self.bindir}/initdb", "-D", data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"]
-            ),
-            check=True,
-            capture_output=True,
-        )
+        if not self.reused():
+            subprocess.run(
+                self._as_owner(
+                    [f"{self.bindir}/initdb", "-D", data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"]
+                ),
+                check=True,
+                capture_output=True,
+            )
         self.port = _free_port()
         self.proc = subprocess.Popen(
             self._as_owner(
@@ -95,6 +108,10 @@ class PostgresServer:
             time.sleep(0.1)
         return self.url("postgres")
 
+    def reused(self) -> bool:
+        """True when the kept directory already held a cluster."""
+        return self.keep is not None and os.path.exists(os.path.join(self.keep, "data", "PG_VERSION"))
+
     def url(self, db: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
 
@@ -106,6 +123,27 @@ class PostgresServer:
         )
         return self.url(name)
 
+    def drop_db(self, name: str) -> None:
+        subprocess.run(
+            [f"{self.bindir}/dropdb", "--if-exists", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name],
+            check=True,
+            capture_output=True,
+        )
+
+    def cluster_pids(self) -> list[int]:
+        """The postmaster and its children (the backends holding a pool's connections)."""
+        assert self.proc is not None
+        root = self.proc.pid
+        pids = [root]
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            except OSError:
+                continue
+            if fields.get("PPid", "").strip() == str(root):
+                pids.append(int(status.parent.name))
+        return pids
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -113,5 +151,26 @@ class PostgresServer:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        if self.dir:
+        if self.dir and not self.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_server() -> Iterator[PostgresServer]:
+    """A server of one test's own, to stop, freeze (SIGSTOP its processes) or hang; woken
+    (SIGCONT) and stopped at the end, whatever the test left it as. Skips where none can run."""
+    import pytest
+
+    server = PostgresServer()
+    if server.unavailable():
+        pytest.skip(str(server.unavailable()))
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            for pid in server.cluster_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            server.proc.send_signal(signal.SIGINT)
+        server.stop()

@@ -4,14 +4,12 @@ and every database failure seen (logged once, counted, in /healthz)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ from sqlalchemy import text
 from oomguard.manager.app import create_app
 from oomguard.manager.db import make_engine, migrate
 from oomguard.manager.settings import Settings
+from tests.helpers.wire import LiveServer, until_closed
 from tests.manager_helpers import (
     AGENT,
     AGENT_H,
@@ -35,7 +34,7 @@ from tests.manager_helpers import (
     fixture_report,
     local_client,
 )
-from tests.pg import PostgresServer
+from tests.pg import PostgresServer, own_server
 
 REPORTS = "/api/v1/reports"
 
@@ -243,11 +242,14 @@ def test_guessing_tokens_is_limited_per_client(tmp_path: Path) -> None:
     with client_for(f"sqlite:///{tmp_path / 'g.db'}", login_burst=5, login_refill_s=60) as c:
         for _ in range(5):
             assert c.post("/login", content="token=nope").status_code == 200
-        limited = c.post("/login", content=f"token={VIEWER}", follow_redirects=False)
-        assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0  # even the right token
+        limited = c.post("/login", content="token=nope", follow_redirects=False)
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) > 0
         assert "try again in" in limited.text and "set-cookie" not in limited.headers
-        assert c.get("/api/v1/nodes", headers=VIEWER_H).status_code == 429  # bearer guesses: the same bucket
-        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 429
+        assert c.get("/api/v1/nodes", headers={"Authorization": "Bearer nope"}).status_code == 429  # one bucket
+        # a right token always passes (issue 22): a bad client cannot lock out a good one on its address
+        assert c.post("/login", content=f"token={VIEWER}", follow_redirects=False).status_code == 303
+        assert c.get("/api/v1/nodes", headers=VIEWER_H).status_code == 200
+        assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
     with client_for(f"sqlite:///{tmp_path / 'g2.db'}", login_burst=3, login_refill_s=60) as c:
         for _ in range(3):
             assert c.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -301,70 +303,6 @@ def test_tokens_from_the_environment_are_stripped_with_a_warning(tmp_path: Path)
 # -- 5. no single client can stop it ---------------------------------------------------------
 
 
-class LiveServer:
-    """The app under the manager's real uvicorn set-up, in a thread, on a real loopback socket."""
-
-    def __init__(self, app: Any, max_connections: int = 100, header_timeout_s: float = 1.0) -> None:
-        from oomguard.manager.web.server import bind, build_server
-
-        self.sock = bind("127.0.0.1", 0)
-        self.port = self.sock.getsockname()[1]
-        self.server = build_server(
-            app, max_connections=max_connections, header_timeout_s=header_timeout_s, redactor=None, log=False
-        )
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-
-    def connect(self) -> socket.socket:
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        s.settimeout(10)
-        return s
-
-    def get(self, path: str = "/healthz") -> tuple[int, float]:
-        start = time.monotonic()
-        with self.connect() as s:
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
-            head = s.recv(4096)
-        return int(head.split(b" ")[1]), time.monotonic() - start
-
-
-def closed_after(
-    s: socket.socket, drip: bytes = b"", every_s: float = 0.2, limit_s: float = 8.0
-) -> tuple[bytes, float]:
-    """Drip *drip* a byte at a time until the server closes: what it sent, and when it closed."""
-    start, got = time.monotonic(), b""
-    s.settimeout(every_s)
-    sent = 0
-    while time.monotonic() - start < limit_s:
-        if sent < len(drip):
-            try:
-                s.sendall(drip[sent : sent + 1])
-            except OSError:
-                break
-            sent += 1
-        try:
-            chunk = s.recv(4096)
-        except TimeoutError:
-            continue
-        except OSError:
-            break
-        if not chunk:
-            break
-        got += chunk
-    return got, time.monotonic() - start
-
-
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[LiveServer]:
     url = f"sqlite:///{tmp_path / 'live.db'}"
@@ -376,24 +314,24 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
 
 def test_incomplete_requests_time_out_on_the_wire(live: LiveServer) -> None:
     with live.connect() as idle:  # connects, says nothing
-        got, after = closed_after(idle)
+        got, after = until_closed(idle)
         assert got == b"" and 0.7 < after < 4, after
     with live.connect() as slow:  # headers a byte at a time, for ever: not renewed by each byte
-        got, after = closed_after(slow, b"POST /api/v1/reports HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 200)
+        got, after = until_closed(slow, b"POST /api/v1/reports HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 200)
         assert got.startswith(b"HTTP/1.1 408") and 0.7 < after < 4, (got[:40], after)
     with live.connect() as body:  # headers done, the body stalls
         body.sendall(b'POST /api/v1/reports HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{"node"')
-        got, after = closed_after(body)
+        got, after = until_closed(body)
         assert got.startswith(b"HTTP/1.1 408") and b"did not arrive within 1s" in got and after < 4, (got, after)
     assert live.get()[0] == 200
 
 
 def test_slow_clients_do_not_block_the_others(live: LiveServer) -> None:
-    slow = [live.connect() for _ in range(50)]
+    slow = [live.connect() for _ in range(50)]  # one client at its limit (half of the cap of 100)
     try:
         for s in slow:
             s.sendall(b"GET /healthz HTTP/1.1\r\n")
-        status, took = live.get()
+        status, took = live.get(source="127.0.0.2")
         assert status == 200 and took < 2, took
     finally:
         for s in slow:
@@ -403,11 +341,14 @@ def test_slow_clients_do_not_block_the_others(live: LiveServer) -> None:
 def test_a_connection_cap_answers_503_at_once(tmp_path: Path) -> None:
     server = ManagerProcess(f"sqlite:///{tmp_path / 'cap.db'}", "--max-connections", "8").start()
     idle = []
-    try:
-        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(8)]
+    try:  # eight clients (one client may hold only half of the cap), then a ninth
+        idle = [
+            socket.create_connection(("127.0.0.1", server.port), timeout=5, source_address=(f"127.0.0.{2 + i}", 0))
+            for i in range(8)
+        ]
         time.sleep(0.3)
         start = time.monotonic()
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5, source_address=("127.0.0.10", 0)) as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             head = s.recv(4096)
         assert head.startswith(b"HTTP/1.1 503") and time.monotonic() - start < 1.5, head[:60]
@@ -503,7 +444,9 @@ def test_the_nginx_example_in_front_of_a_real_manager(tmp_path: Path) -> None:
     from oomguard.manager.web.forget import forget_token
 
     admin = "admin-token-through-nginx"
-    manager = ManagerProcess(f"sqlite:///{tmp_path / 'p.db'}", env={"OOMGUARD_ADMIN_TOKEN": admin}).start()
+    manager = ManagerProcess(  # nginx on 127.0.0.1: its X-Forwarded-* believed (issue 22)
+        f"sqlite:///{tmp_path / 'p.db'}", "--trusted-proxy", "127.0.0.1", env={"OOMGUARD_ADMIN_TOKEN": admin}
+    ).start()
     tls, plain = free_port(), free_port()
     conf = (Path(__file__).parent.parent / "deploy/proxy/nginx.conf").read_text()
     for old, new in (
@@ -660,36 +603,11 @@ def test_a_read_only_sqlite_handle_is_reopened_once_writable(tmp_path: Path) -> 
         subprocess.run(["chattr", "-i", str(db)], capture_output=True)
 
 
-def _cluster_pids(server: PostgresServer) -> list[int]:
-    assert server.proc is not None
-    root = server.proc.pid
-    pids = [root]
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        if fields.get("PPid", "").strip() == str(root):
-            pids.append(int(status.parent.name))
-    return pids
-
-
 @pytest.fixture
 def own_pg() -> Iterator[PostgresServer]:
     """A PostgreSQL server of this test's own, to stop and hang."""
-    server = PostgresServer()
-    if server.unavailable():
-        pytest.skip(str(server.unavailable()))
-    server.start()
-    try:
+    with own_server() as server:
         yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            for pid in _cluster_pids(server):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
-            server.proc.send_signal(signal.SIGINT)
-        server.stop()
 
 
 def _restart(server: PostgresServer) -> None:
@@ -712,7 +630,7 @@ def test_a_hung_postgresql_is_a_fast_503_and_healthz_says_so(
         client_for(url, db_timeout_s=1.0, request_timeout_s=2.0) as c,
     ):
         assert c.post(REPORTS, json=envelope("n", fixture_report()), headers=AGENT_H).status_code == 200
-        stopped = _cluster_pids(own_pg)
+        stopped = own_pg.cluster_pids()
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)  # hung: connections open, nothing answers
         try:

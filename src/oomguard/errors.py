@@ -11,7 +11,7 @@ table are generated from it (a test checks the README).
 from __future__ import annotations
 
 EXIT_OK = 0
-EXIT_USAGE = 2  # bad flag, bad size or variable, missing or corrupt snapshot
+EXIT_USAGE = 2  # bad flag, bad size or variable, missing, corrupt or too large snapshot or file
 EXIT_THRESHOLD = 3  # a --require style threshold was not met
 EXIT_VERIFY_FAILED = 4  # verify: the machine did not deliver the memory
 EXIT_REJECTED = 65  # EX_DATAERR (sysexits.h): the manager refused the report itself (422, 400, 413, ...)
@@ -28,7 +28,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok (check exits 0 with warnings too: they are in the report)"),
     (
         EXIT_USAGE,
-        "usage or input error: bad flag, size or variable (one line naming it); missing or corrupt snapshot; "
+        "usage or input error: bad flag, size or variable (one line naming it); missing, corrupt or too large "
+        "snapshot; a file flag naming a FIFO, a device or too large a file; "
         "agent: a --spool directory that cannot be created, read or written",
     ),
     (

@@ -38,12 +38,33 @@ _UNITS: dict[str, int] = {
 
 _NUMBER_CHARS = frozenset("0123456789.")
 
+# The largest size and duration any flag, variable or profile takes; the one definition (docs/cli.md,
+# "Sizes and durations"). A size fits a signed 64-bit count, as every length it reaches does: C's
+# ssize_t in mmap(2) and mlock(2) (Python raises OverflowError above it), the kernel's memory
+# counters, PostgreSQL's bigint. Ten years is far above any interval, backoff or hold, and keeps each
+# wait in range: Python docs, threading.TIMEOUT_MAX (9,223,372,036 s on Linux): "Specifying a timeout
+# greater than this value will raise an OverflowError"; ``time.sleep`` has the same bound. (A
+# poll(2) timeout is an int of milliseconds, 24.8 days at most: waits longer than that are cut into
+# slices where they poll.)
+MAX_SIZE = 2**63 - 1
+MAX_SIZE_TEXT = "2^63-1 bytes"
+MAX_DURATION = 3650 * 86400.0  # ten years: "3650d"
+MAX_DURATION_TEXT = "3650d"
+
 
 def parse_size(text: str, what: str = "size") -> int:
-    """Parse ``"1.5GiB"``, ``"512M"``, ``"4GB"`` or ``"123"`` into bytes.
+    """Parse ``"1.5GiB"``, ``"512M"``, ``"4GB"`` or ``"123"`` into bytes, at most ``MAX_SIZE``.
 
     Raises ``UsageError`` naming *what* (a flag or variable) on anything else.
     """
+    value = _size(text, what)
+    if value > MAX_SIZE:
+        raise UsageError(f"{what}: {text.strip()!r} is too large (at most {MAX_SIZE_TEXT})")
+    return value
+
+
+def _size(text: str, what: str) -> int:
+    """``parse_size`` without the maximum (``format_size_precise`` reads back any size it prints)."""
     s = text.strip().replace("_", "")
     if s.startswith("-") and s[1:2].isdigit():
         raise UsageError(f"{what}: {text.strip()} is negative (a size is 0 or more)")
@@ -99,7 +120,7 @@ def format_size_precise(n: int | None) -> str:
     For messages that compare a size with a threshold: 64 MiB - 1 must not read as "64 MiB".
     """
     shown = format_size(n)
-    if n is None or n < 0 or parse_size(shown, "size") == n:
+    if n is None or n < 0 or _size(shown, "size") == n:
         return shown
     return f"{shown} ({n} bytes)"
 
@@ -119,7 +140,8 @@ _DURATIONS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.
 
 
 def parse_duration(text: str, what: str = "duration") -> float:
-    """``"1s"``, ``"500ms"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds (``"0.5"``) -> seconds."""
+    """``"1s"``, ``"500ms"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds (``"0.5"``) -> seconds,
+    at most ``MAX_DURATION``; ``UsageError`` naming *what* on anything else."""
     s = text.strip().lower()
     i = 0
     while i < len(s) and s[i] in _NUMBER_CHARS:
@@ -132,4 +154,7 @@ def parse_duration(text: str, what: str = "duration") -> float:
         value = -1.0
     if factor is None or value < 0:
         raise UsageError(f"{what}: invalid duration {text!r} (use e.g. 500ms, 30s, 5m, 1h or seconds)")
-    return value * factor
+    seconds = value * factor
+    if not seconds <= MAX_DURATION:  # inf too: "9" * 30 days is a float, not an error, until here
+        raise UsageError(f"{what}: {text.strip()!r} is too long (at most {MAX_DURATION_TEXT})")
+    return seconds

@@ -18,6 +18,9 @@ The hour is what keeps an outage of the manager (5xx for everything) from emptyi
 only the head of the queue is tried, so an outage moves at most one item an hour.
 Connection failures, timeouts, 408 and 429 say nothing about the item and are not counted.
 
+Both files are read and written as regular files only (``sources/files.py``): a FIFO or a symbolic
+link named like one is never waited on or followed.
+
 ``rejected/`` keeps the newest ``REJECTED_KEEP`` items (a wrong token on a 30 s agent rejects
 2,880 reports a day).
 """
@@ -30,11 +33,14 @@ import math
 import os
 from typing import Any
 
+from oomguard.sources.files import loads_json, read_bounded, write_regular
+
 GIVE_UP_ANSWERS = 20
 GIVE_UP_MIN_S = 3600.0
 GIVE_UP_MAX_S = 86400.0
 REJECTED_KEEP = 10_000
 WHY_SUFFIX = ".why"
+_RETRY_MAX_BYTES = 4096  # {"answers": 20, "first": 1700000000.0} is 40 bytes
 
 
 def give_up(answers: int, first: float, now: float) -> bool:
@@ -46,8 +52,7 @@ def give_up(answers: int, first: float, now: float) -> bool:
 def read_retry(path: str) -> tuple[int, float] | None:
     """``(answers, first)`` from a ``.retry`` file; None when it is missing or not one."""
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+        state = loads_json(read_bounded(path, _RETRY_MAX_BYTES, follow=False))
     except (OSError, ValueError):
         return None
     if not isinstance(state, dict):
@@ -65,8 +70,7 @@ def write_retry(path: str, answers: int, first: float) -> None:
     Not fsynced and never an error: losing a counter only restarts it."""
     tmp = f"{path}.tmp"
     with contextlib.suppress(OSError):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"answers": answers, "first": first}, f)
+        write_regular(tmp, json.dumps({"answers": answers, "first": first}).encode())
         os.replace(tmp, path)
 
 
@@ -75,8 +79,11 @@ def move_to_rejected(path: str, rejected_dir: str, reason: dict[str, Any]) -> st
     path. ``OSError`` when that fails (the item then stays where it was)."""
     os.makedirs(rejected_dir, mode=0o700, exist_ok=True)
     name = os.path.basename(path)
-    with open(os.path.join(rejected_dir, name + WHY_SUFFIX), "w", encoding="utf-8") as f:
-        f.write(json.dumps(reason, sort_keys=True) + "\n")
+    why = os.path.join(rejected_dir, name + WHY_SUFFIX)
+    with contextlib.suppress(FileNotFoundError):  # a FIFO or a link in its place: the new file replaces it
+        if not os.path.isfile(why) or os.path.islink(why):
+            os.unlink(why)
+    write_regular(why, (json.dumps(reason, sort_keys=True) + "\n").encode("utf-8"), 0o644)
     target = os.path.join(rejected_dir, name)
     with contextlib.suppress(FileNotFoundError):  # else another process dealt with it
         os.replace(path, target)

@@ -20,7 +20,6 @@ left nothing more is posted (what waits stays spooled, as when the manager is un
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -31,7 +30,7 @@ from typing import Any
 from oomguard.agent.client import Client, Outcome
 from oomguard.agent.log import Episode, one_line, stderr_log
 from oomguard.agent.rejected import give_up
-from oomguard.agent.spool import Spool, SpoolError, parse_name
+from oomguard.agent.spool import Spool, SpoolError, parse_name, read_item
 from oomguard.times import iso_now
 
 REFUSED = ("token", "url", "rejected")
@@ -160,11 +159,12 @@ class Sender:
         parsed = parse_name(os.path.basename(path))
         kind = parsed[1] if parsed is not None else "report"
         try:
-            with open(path, "rb") as f:
-                body = json.loads(f.read().decode("utf-8"))
+            body = read_item(path)
         except FileNotFoundError:  # delivered by another process meanwhile
             return "delivered"
-        except (OSError, ValueError) as e:
+        except OSError as e:  # a FIFO, a device, a symbolic link, a directory, too large (spool.read_item)
+            body, bad = None, f"unreadable spool file: {one_line(e.strerror or str(e), 120)}"
+        except ValueError as e:
             body, bad = None, f"unreadable spool file: {one_line(str(e), 120)}"
         else:
             bad = "spool file is not a JSON object"

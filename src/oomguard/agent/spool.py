@@ -6,6 +6,11 @@ item, named ``<seq:012d>-<kind>.json``; *seq* gives the send order, across proce
 (``run --manager`` and ``agent`` may share a spool). Items the manager will never accept, and
 items it keeps answering with 5xx for too long, move to ``rejected/`` (``agent/rejected.py``).
 
+An item is read as a regular file only, at most ``MAX_ITEM_BYTES`` (4 MiB; the manager takes 1 MiB
+by default), never through a symbolic link and never blocking (``read_item``): a FIFO, a device, a
+link (to ``/dev/zero``, say), a directory or a larger file named like an item moves to ``rejected/``
+(reason ``unreadable``) with one line in the log, and the queue goes on.
+
 Faults of the directory itself (unreadable, removed, a file in its place, disk full) are
 ``SpoolError`` values for the sender, which then reports directly; at start ``open_spool``
 turns them into a ``BadParameter("spool")``.
@@ -23,6 +28,7 @@ from typing import Any
 
 from oomguard.agent.rejected import move_to_rejected, read_retry, write_retry
 from oomguard.errors import BadParameter
+from oomguard.sources.files import loads_json, read_bounded
 
 KINDS = ("report", "event")
 _SEQ_DIGITS = 12
@@ -30,6 +36,14 @@ _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0
 _REJECTED = "rejected"
 _RETRY_SUFFIX = ".retry"
+MAX_ITEM_BYTES = 4 << 20  # an item is a report or an event: tens of KiB
+
+
+def read_item(path: str) -> object:
+    """The JSON of the spool item *path*: ``OSError`` when it is not a regular file (no link is
+    followed, no FIFO waited on) or holds more than ``MAX_ITEM_BYTES``, ``ValueError`` when it is not
+    JSON (or nests too deep; ``sources.files.loads_json``)."""
+    return loads_json(read_bounded(path, MAX_ITEM_BYTES, follow=False))
 
 
 class SpoolError(Exception):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from oomguard.errors import UsageError
+from oomguard.units import MAX_DURATION_TEXT, MAX_SIZE_TEXT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,8 +29,10 @@ if TYPE_CHECKING:
 BUDGET_HELP = "auto (default), SIZE (e.g. 300GiB) or PCT% of the basis; beats OOMGUARD_BUDGET"
 MARGIN_HELP = "safety margin under an auto budget: SIZE or PCT% (default min(10GiB, max(256MiB, 10%)))"
 ROOT_HELP = "probe a snapshot (directory or .tar.gz from 'oomguard capture') instead of the live system"
-SIZES = "Sizes: B, KiB/MiB/GiB/TiB (K/M/G/T are binary too), KB/MB/GB/TB (decimal)."
-DURATIONS = "Durations: 500ms, 30s, 5m, 1h or seconds."
+SIZES = (
+    "Sizes: B, KiB/MiB/GiB/TiB (K/M/G/T are binary too), KB/MB/GB/TB (decimal), at most " + MAX_SIZE_TEXT + " (8 EiB)."
+)
+DURATIONS = "Durations: 500ms, 30s, 5m, 1h, 2d or seconds, at most " + MAX_DURATION_TEXT + "."
 # Metavars whose value is a path: shell completion offers files (or directories) for them.
 FILE_METAVARS = frozenset({"FILE", "PATH", "FILE.tar.gz"})
 DIR_METAVARS = frozenset({"DIR"})
@@ -221,7 +224,9 @@ def _shape_fields(args: argparse.Namespace) -> dict[str, object]:
     if max_jobs is not None:
         fields["max_jobs"] = parse_count(max_jobs, "--max-jobs")
     if cpus is not None:
-        fields["cpus_per_job"] = parse_number(cpus, "--cpus-per-job")
+        from oomguard.policy.profiles import check_cpus
+
+        fields["cpus_per_job"] = check_cpus(parse_number(cpus, "--cpus-per-job"), "--cpus-per-job")
     return fields
 
 

@@ -1,5 +1,8 @@
 """``oomguard manager``: the options here, the server in ``oomguard.manager.cli`` (extra [manager]).
 
+``oomguard manager token NODE`` prints node NODE's own agent token (signed with the first
+``--fleet-secret``) instead of serving.
+
 A thin bridge: the manager package is imported only when this command runs, and a build without
 it (the worker zipapp) or without the extra's packages says which ``pip install`` brings it.
 """
@@ -20,20 +23,43 @@ INSTALL_HINT = "pip install 'oomguard[manager]'"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
-        "%(prog)s [--db URL] [--host HOST] [--port PORT] [--agent-token T] [--viewer-token T] [--retention 30d]\n"
-        "       [--admin-token T] [--forget-after 7d] [--allowed-hosts NAMES] [--max-connections N]\n"
-        "       [--session-ttl 12h]"
+        "%(prog)s [--db URL] [--host HOST] [--port PORT] [--fleet-secret S]... [--agent-token T]\n"
+        "       [--viewer-token T] [--admin-token T] [--retention 30d] [--forget-after 7d] [--allowed-hosts NAMES]\n"
+        "       [--max-connections N] [--max-connections-per-client N] [--max-new-nodes N]\n"
+        "       [--trusted-proxy CIDR]... [--session-ttl 12h]\n"
+        "       %(prog)s token NODE [--fleet-secret S]"
     )
     parser.description = SUMMARY
     parser.epilog = (
-        "Off loopback, the agent and viewer tokens are required, of at least 16 characters; the admin token "
+        "Agents write with their node's own token (made by 'oomguard manager token NODE' from the fleet secret; "
+        "it writes that node only) or with the fleet-wide --agent-token (an opt-in: it may write any node, and "
+        "create at most --max-new-nodes nodes an hour). Off loopback, a fleet secret or the agent token, and the "
+        "viewer token, are required, of at least 16 characters (fleet secrets everywhere); the admin token "
         "(forgetting nodes) is optional, and without it nobody may forget a node. Tokens are compared in constant "
-        "time; whitespace around a token is stripped, with a warning.\n" + flags.DURATIONS
+        "time; whitespace around a token is stripped, with a warning. X-Forwarded-For, -Proto and -Host are "
+        "believed only from --trusted-proxy addresses (none by default).\n" + flags.DURATIONS
     )
+    parser.add_argument(
+        "action", nargs="?", metavar="token", type=flags.OneOf(("token",)), help="print NODE's agent token and exit"
+    )
+    parser.add_argument("node", nargs="?", metavar="NODE", help="the node whose token 'token' prints")
     flags.option(parser, "--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL")
     flags.option(parser, "--host", "address to listen on (default 127.0.0.1)", "HOST")
     flags.option(parser, "--port", "port (default 8080)", "PORT")
-    flags.option(parser, "--agent-token", "bearer token agents write with (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
+    flags.option(
+        parser,
+        "--fleet-secret",
+        "key of the per-node tokens (or OOMGUARD_FLEET_SECRETS, comma-separated); repeat it during a rotation: "
+        "the first signs, all verify",
+        "SECRET",
+        action="append",
+    )
+    flags.option(
+        parser,
+        "--agent-token",
+        "fleet-wide token any agent may write any node with (or OOMGUARD_AGENT_TOKEN); opt-in",
+        "TOKEN",
+    )
     flags.option(parser, "--viewer-token", "bearer token readers use (or OOMGUARD_VIEWER_TOKEN)", "TOKEN")
     flags.option(
         parser,
@@ -58,6 +84,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.option(parser, "--max-body", "largest request body (default 1MiB); larger gets 413", "SIZE")
     flags.option(
         parser,
+        "--write-queue-bytes",
+        "writes held for the database at most (default 64MiB, or OOMGUARD_WRITE_QUEUE_BYTES); past it 503 at once",
+        "SIZE",
+    )
+    flags.option(
+        parser,
         "--allowed-hosts",
         "Host header values accepted, comma-separated; *.example.com for subdomains, * for any "
         "(default: the --host address and localhost; any for 0.0.0.0 or ::)",
@@ -65,6 +97,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.option(
         parser, "--max-connections", "open connections at most (default 1000); above it a request gets 503", "N"
+    )
+    flags.option(
+        parser,
+        "--max-connections-per-client",
+        "open connections one client address may hold (default 64; or OOMGUARD_MAX_CONNECTIONS_PER_CLIENT)",
+        "N",
+    )
+    flags.option(
+        parser,
+        "--max-new-nodes",
+        "new nodes an hour the fleet-wide token may create (default 1000; or OOMGUARD_MAX_NEW_NODES); beyond: 429",
+        "N",
+    )
+    flags.option(
+        parser,
+        "--trusted-proxy",
+        "a proxy (address or network) whose X-Forwarded-* headers are believed; repeatable "
+        "(or OOMGUARD_TRUSTED_PROXIES, comma-separated; default none)",
+        "CIDR",
+        action="append",
     )
     flags.option(parser, "--session-ttl", "how long a dashboard login lasts (default 12h)", "DURATION")
 

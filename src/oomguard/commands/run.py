@@ -29,9 +29,9 @@ SUMMARY = (
 EPILOG = (
     f"Exit status: the worker's (128 + signal when it was killed); {EXIT_THRESHOLD} when the budget cannot "
     f"work (0, or below the plan's baseline + one job); {EXIT_NOT_FOUND} when CMD cannot be run.\n"
-    + flags.DURATIONS
-    + "\n"
-    + flags.SIZES
+    "The worker inherits this environment without oomguard's secrets: OOMGUARD_AGENT_TOKEN, "
+    "OOMGUARD_VIEWER_TOKEN, OOMGUARD_ADMIN_TOKEN, OOMGUARD_FLEET_SECRET(S) and any OOMGUARD_*_TOKEN, "
+    "_SECRET, _PASSWORD or _KEY variable are removed (docs/run.md).\n" + flags.DURATIONS + "\n" + flags.SIZES
 )
 ON_OOM = ("concurrency", "margin")
 
@@ -161,7 +161,10 @@ def execute(args: argparse.Namespace) -> int:
     try:
         log = EventLog(args.events)
     except OSError as exc:
-        raise UsageError(f"--events: cannot open {args.events}: {exc.strerror}") from None
+        import errno
+
+        why = "a FIFO that no process reads" if exc.errno == errno.ENXIO else exc.strerror
+        raise UsageError(f"--events: cannot open {args.events}: {why}") from None
     sink = forwarder(args)
     if sink is not None:
         log.sinks.append(sink)

@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_json(parser)
     flags.option(parser, "--fraction", "verify only this part of the target, 0 < F <= 1 (default 1)", "F")
-    flags.option(parser, "--hold", "seconds to hold the memory once touched (default 3)", "SECONDS")
+    flags.option(parser, "--hold", "how long to hold the memory once touched: a duration (default 3s)", "SECONDS")
     flags.add_shape(parser)
     flags.add_budget(parser)
     flags.add_gpu(parser)
@@ -47,12 +47,13 @@ def _refuse_an_empty_plan(report: Report, shape: Shape) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
+    from oomguard.units import parse_duration
     from oomguard.verify.runner import format_verify, verify
 
     fraction = flags.parse_number(args.fraction, "--fraction") if args.fraction else 1.0
     if fraction > 1:
         raise UsageError(f"--fraction: must be at most 1, got {args.fraction!r}")
-    hold = flags.parse_number(args.hold, "--hold") if args.hold else 3.0
+    hold = parse_duration(args.hold, "--hold") if args.hold is not None else 3.0
     shape = flags.shape_from(args, required=False)
     report = flags.probe_from(args)
     if shape is not None:

@@ -1,13 +1,15 @@
 """The manager's ASGI app, wired: the API (``web.api``), the dashboard (``web.views``,
 ``web.forget``), their middleware, and the retention thread for the app's lifetime.
 
-Routes reach the store, the settings, the database health, the sessions and the failure limiter
-through ``app.state`` (``web.deps``). A database that fails or hangs answers 503 with ``Retry-After``
-(not the client's fault: agents keep the report in their spool), counted and logged once per
-episode (``store.health``). A request its envelope refuses answers 422 with the reasons, never echoing
-the input back (FastAPI's default handler does, and fails on NaN). The API is described by
-``/openapi.json`` and browsed at ``/docs`` (Swagger UI, behind the viewer token like every page),
-its assets served from here: see ``docs_page``. There is no ``/redoc``.
+Routes reach the store, the settings, the database health, the sessions, the failure limiter and
+the new-node cap through ``app.state`` (``web.deps``). Outermost, ``web.proxies.TrustedProxies``
+puts the client's address and scheme in the scope: the peer's, or a ``--trusted-proxy``'s word.
+A database that fails or hangs answers 503 with ``Retry-After`` (not the client's fault: agents
+keep the report in their spool), counted and logged once per episode (``store.health``). A
+request its envelope refuses answers 422 with the reasons, never echoing the input back
+(FastAPI's default handler does, and fails on NaN). The API is described by ``/openapi.json``
+and browsed at ``/docs`` (Swagger UI, behind the viewer token like every page), its assets
+served from here: see ``docs_page``. There is no ``/redoc``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oomguard._version import __version__
+from oomguard.manager import bodies
 from oomguard.manager.db import make_engine
 from oomguard.manager.redact import Redactor
 from oomguard.manager.retention import RetentionThread
@@ -35,8 +38,10 @@ from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth
 from oomguard.manager.web import api, forget, pages, views
+from oomguard.manager.web.credentials import NewNodes
 from oomguard.manager.web.middleware import AllowedHosts, BodyLimit, Headers
 from oomguard.manager.web.pages import viewer_pages
+from oomguard.manager.web.proxies import TrustedProxies
 from oomguard.manager.web.sessions import FailureLimiter, Sessions
 
 DESCRIPTION = (
@@ -88,7 +93,7 @@ async def validation_failed(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
     detail = [
         {
-            "loc": [p if isinstance(p, int) else str(p)[:100] for p in e.get("loc", ())],
+            "loc": bodies.safe_loc(e.get("loc", ())),  # a client's own keys are not echoed
             "msg": str(e.get("msg", ""))[:300],
             "type": str(e.get("type", "")),
         }
@@ -139,6 +144,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
             retention_s=settings.retention_s,
             forget_after_s=settings.forget_after_s,
             working_set_line=settings.working_set_line,
+            write_queue_bytes=settings.write_queue_bytes,
         )
     app = FastAPI(
         title="oomguard manager",
@@ -152,7 +158,8 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.health = DbHealth(Redactor(settings.secrets()))
     app.state.sessions = Sessions(settings.viewer_token, settings.session_ttl_s)
-    app.state.limiter = FailureLimiter(settings.login_burst, settings.login_refill_s)
+    app.state.limiter = FailureLimiter(settings.login_burst, settings.login_refill_s, settings.failed_tokens_per_minute)
+    app.state.new_nodes = NewNodes(settings.max_new_nodes)
     for exc_class in (DatabaseUnavailable, DBAPIError, PoolTimeout):
         app.add_exception_handler(exc_class, database_unavailable)
     app.add_exception_handler(RequestValidationError, validation_failed)
@@ -162,6 +169,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_body=settings.max_body, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AllowedHosts, hosts=settings.hosts())
     app.add_middleware(Headers)
+    app.add_middleware(TrustedProxies, networks=settings.trusted_proxies)  # the last added is the outermost
     for router in (*api.routers, *views.routers, forget.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=views.STATIC_DIR), name="static")

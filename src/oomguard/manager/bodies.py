@@ -12,6 +12,14 @@ Strict JSON (``parse_strict``, ``check_value``):
   fields cannot contain NUL (0x00) bytes"), and no field of a report needs one.
 - Integers within a signed 64-bit range (what a BIGINT column holds); a longer run of digits is
   refused whole (CPython caps int parsing at 4300 digits anyway: sys.set_int_max_str_digits).
+- A lone surrogate escape (``"\\ud800"``) is JSON (RFC 8259 section 8.2 allows it) and is kept:
+  the report is stored as JSON text with its escapes, which both databases hold, and read back
+  through ``oomguard.manager.store.text`` (the surrogate shown as its escape). An honest agent
+  sends one where a path held a byte that is not UTF-8.
+
+A refusal names the place, never the input: a key the manager knows (a field of schema.json or of
+an envelope: ``known``) by its name, any other by its position in its object (``<field 3>``, the
+third), a list item by its index (``place``).
 
 The envelopes (``ReportEnvelope``, ``EventEnvelope``): every integer that reaches a BIGINT column
 is bounded; floats must be finite; strings that become columns are short and of a conservative
@@ -21,13 +29,15 @@ checked once, by ``oomguard.manager.contract``, and kept as JSON text as the age
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from oomguard.labels import KEY_MAX, KEY_PATTERN, LABELS_MAX, VALUE_MAX, label_problem, labels_problem
-from oomguard.manager import contract
+from oomguard.manager import contract, reportschema
 
 MAX_DEPTH = 32
 INT_LIMIT = contract.BIG  # what a BIGINT column holds
@@ -71,10 +81,10 @@ def check_value(value: Any) -> str | None:
         if isinstance(item, dict | list) and depth > MAX_DEPTH:
             return f"{where}: nested more than {MAX_DEPTH} levels deep"
         if isinstance(item, dict):
-            for key, sub in item.items():
+            for position, (key, sub) in enumerate(item.items(), 1):
                 if "\x00" in key:
                     return f"{where}: a key contains a NUL character"
-                stack.append((sub, depth + 1, f"{where}.{key[:40]}"))
+                stack.append((sub, depth + 1, place(where, key, position)))
         elif isinstance(item, list):
             stack.extend((sub, depth + 1, f"{where}[{i}]") for i, sub in enumerate(item))
         elif isinstance(item, str) and "\x00" in item:
@@ -82,6 +92,42 @@ def check_value(value: Any) -> str | None:
         elif isinstance(item, int) and not isinstance(item, bool) and not -INT_LIMIT <= item <= INT_LIMIT:
             return f"{where}: an integer outside the signed 64-bit range"
     return None
+
+
+def place(where: str, key: str, position: int) -> str:
+    """The place of *key*, the *position*-th (from 1) member of the object at *where*: its name
+    when the manager knows it (``known``), else its position, so that no input is echoed."""
+    return f"{where}.{key}" if key in known() else f"{where}.<field {position}>"
+
+
+def safe_loc(loc: Sequence[object]) -> list[int | str]:
+    """A validation error's location as a 422 may show it. A query, path, header or cookie
+    location names a parameter the route declares (FastAPI reports no other): as it is. In a body:
+    each index, each name the manager knows (``known``), else ``<field>`` (a key of the client's
+    own, such as an unknown envelope field or a label's name: not echoed)."""
+    if not loc or loc[0] != "body":
+        return [p if isinstance(p, int) else str(p)[:100] for p in loc]
+    return [p if isinstance(p, int) else p if isinstance(p, str) and p in known() else "<field>" for p in loc]
+
+
+@functools.cache
+def known() -> frozenset[str]:
+    """Every key the manager itself names: the properties of schema.json (and of the manager's own
+    needs, ``contract.needs``), the fields of the envelopes, and a request's parts (``body``, ...)."""
+    names = {"body", "query", "path", "header", "cookie"}
+    stack: list[Any] = [reportschema.schema(), contract.needs()]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            props = node.get("properties")
+            if isinstance(props, dict):
+                names.update(props)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    for model in (ReportEnvelope, EventEnvelope, EventIn):
+        names.update(model.model_fields)
+    return frozenset(names)
 
 
 # -- the envelopes --------------------------------------------------------------------------------
@@ -110,11 +156,22 @@ Report = Annotated[
 
 # Labels: the one rule the agent checks too (oomguard.labels: Prometheus' label names, 1-256
 # printable characters, at most 16); the pattern and lengths give the OpenAPI schema, the
-# validator the whole rule (a 422 naming the label).
+# validator the whole rule (a 422 giving the label by its position: the agent's own message,
+# ``labels_problem``, names it, which a 422 must not echo).
+LABEL_RULE = (
+    f"a label's name is 1-{KEY_MAX} of [a-zA-Z0-9_], not starting with a digit or __, and its value "
+    f"1-{VALUE_MAX} printable characters"
+)
+
+
 def _labels_ok(labels: dict[str, str]) -> dict[str, str]:
-    problem = labels_problem(labels)
-    if problem:
-        raise ValueError(problem)
+    if len(labels) > LABELS_MAX:
+        raise ValueError(f"labels: {len(labels)}, at most {LABELS_MAX}")
+    for position, (key, value) in enumerate(labels.items(), 1):
+        if label_problem(key, value) is not None:
+            raise ValueError(f"label {position} of {len(labels)} breaks the rule: {LABEL_RULE}")
+    if labels_problem(labels) is not None:  # the agent's rule, whole (what the loop above does not say)
+        raise ValueError(f"labels break the rule: {LABEL_RULE}")
     return labels
 
 

@@ -1,5 +1,6 @@
 """``oomguard manager``: check the settings, migrate the database, bind the port, print one start
-line, serve.
+line (and a warning when the fleet-wide agent token is on), serve. ``oomguard manager token NODE``
+prints NODE's own agent token instead (``web.credentials``; standard library only).
 
 The options are defined with the other commands' (``oomguard.commands.manager``, the lazy bridge,
 which imports this module only when the command runs); ``settings.settings_from`` turns them into
@@ -14,7 +15,13 @@ import sys
 from oomguard.errors import EXIT_OK, UsageError
 from oomguard.manager import require_extra
 from oomguard.manager.redact import Redactor, first_line
-from oomguard.manager.settings import Settings, settings_from
+from oomguard.manager.settings import Settings, check_fleet_secrets, fleet_secrets_from, settings_from
+
+FLEET_TOKEN_WARNING = (
+    "oomguard: warning: the fleet-wide --agent-token is on: whoever holds it may write any node's "
+    "reports and events (at most {cap} new nodes an hour); per-node tokens write their own node only "
+    "(--fleet-secret, 'oomguard manager token NODE')"
+)
 
 
 def _migrate(settings: Settings, redact: Redactor) -> None:
@@ -39,8 +46,29 @@ def start_line(settings: Settings, max_connections: int) -> str:
     )
 
 
+def token_command(args: argparse.Namespace) -> int:
+    """``oomguard manager token NODE``: NODE's agent token, signed with the first fleet secret, on stdout."""
+    from oomguard.manager.web.credentials import node_token
+
+    node = getattr(args, "node", None)
+    if not node:
+        raise UsageError("manager token: needs the node's name: oomguard manager token NODE")
+    secrets = fleet_secrets_from(args)
+    if not secrets:
+        raise UsageError("manager token: needs the fleet secret: --fleet-secret or OOMGUARD_FLEET_SECRETS")
+    check_fleet_secrets(secrets)
+    try:
+        token = node_token(secrets[0], node)
+    except ValueError as exc:
+        raise UsageError(f"manager token: NODE: {exc}") from None
+    print(token)
+    return EXIT_OK
+
+
 def manager_command(args: argparse.Namespace) -> int:
     """Check the settings, migrate the database, bind the port, then serve until stopped."""
+    if getattr(args, "action", None) == "token":
+        return token_command(args)
     require_extra()
     settings = settings_from(args)
     redact = Redactor(settings.secrets())
@@ -51,7 +79,15 @@ def manager_command(args: argparse.Namespace) -> int:
     cap = server.connection_cap(settings.max_connections, server.raise_nofile())
     sock = server.bind(settings.host, settings.port)
     print(start_line(settings, cap), file=sys.stderr, flush=True)
+    if settings.agent_token is not None:
+        print(FLEET_TOKEN_WARNING.format(cap=settings.max_new_nodes), file=sys.stderr, flush=True)
     server.serve(
-        create_app(settings), sock, max_connections=cap, header_timeout_s=settings.header_timeout_s, redactor=redact
+        create_app(settings),
+        sock,
+        max_connections=cap,
+        header_timeout_s=settings.header_timeout_s,
+        redactor=redact,
+        per_client_connections=settings.per_client_connections,
+        trusted_proxies=settings.trusted_proxies,
     )
     return EXIT_OK

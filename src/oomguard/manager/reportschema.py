@@ -2,7 +2,9 @@
 no dependency beyond the standard library: the manager's one validator of a report (at ingest,
 through ``contract``, which adds the manager's own needs, written as JSON Schema too).
 
-- ``problem(report)``: the first place a report breaks the schema, at ingest (422). Relaxed for a
+- ``problem(report)``: the first place a report breaks the schema, at ingest (422), named by the
+  schema's own field names, a field the schema does not name by its position (``<field 3>``: the
+  third of its object), so that no key of the client's is echoed. Relaxed for a
   mixed fleet: a field the schema does not know is kept (a newer agent) and a missing one is
   allowed (an older agent); every field that is there must have the schema's type and bounds.
   ``relaxed=False`` is the schema as written (``required``, no unknown fields): the tests compare
@@ -152,13 +154,13 @@ def _object_problem(v: dict[str, Any], s: dict[str, Any], where: str, relaxed: b
             if name not in v:
                 return f"{where}: {name} is missing"
     extra = s.get("additionalProperties", True)
-    for key, sub in v.items():
-        if key in props:
+    for position, (key, sub) in enumerate(v.items(), 1):
+        if key in props:  # a name of the schema's own: named
             bad = problem(sub, props[key], f"{where}.{key}", relaxed)
-        elif extra is False:
-            bad = None if relaxed else f"{where}: unknown field {key}"
+        elif extra is False:  # a key of the client's: by its position, never echoed
+            bad = None if relaxed else f"{where}: unknown field <field {position}>"
         else:
-            bad = problem(sub, extra, f"{where}.{key}", relaxed) if isinstance(extra, dict) else None
+            bad = problem(sub, extra, f"{where}.<field {position}>", relaxed) if isinstance(extra, dict) else None
         if bad is not None:
             return bad
     return None

@@ -1,7 +1,8 @@
 """The manager's configuration, in one place: ``Settings`` (every knob and its default), built from
 the command's flags and the token variables (``settings_from``) and checked (``Settings.check``)
 before anything starts. The flags themselves are declared with the other commands' options
-(``oomguard.commands.manager``, the one lazy bridge); a flag not given keeps its field's default."""
+(``oomguard.commands.manager``, the one lazy bridge); a flag not given keeps its field's default,
+or takes its variable's value where it has one (``OOMGUARD_*``; a flag beats its variable)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ def db_scheme(url: str) -> str | None:
 
 
 FORGET_AFTER_MIN_S = 3600.0  # --forget-after at least this (and 3 intervals)
+WRITE_QUEUE_BYTES_DEFAULT = 64 * MiB  # the writes the writer holds at once (store/commit.py applies it)
+PER_CLIENT_DEFAULT = 64  # connections one client address may hold (web/server.py says why, and applies it)
+MAX_COUNT = 1_000_000  # the most --max-new-nodes and --max-connections-per-client may be
+NODE_TOKEN_PREFIX = "ogn1."  # web.credentials.PREFIX: a fleet-wide token must not look like a node's
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass
@@ -55,13 +61,17 @@ class Settings:
     db_url: str = DEFAULT_DB
     host: str = "127.0.0.1"
     port: int = 8080
-    agent_token: str | None = None
+    agent_token: str | None = None  # the fleet-wide token (an opt-in: it may write any node)
+    # Per-node tokens' keys (--fleet-secret, OOMGUARD_FLEET_SECRETS): the first signs
+    # `oomguard manager token NODE`, every one verifies (a rotation holds two).
+    fleet_secrets: tuple[str, ...] = ()
     viewer_token: str | None = None
     admin_token: str | None = None  # the operator's: forgetting nodes (none: nobody may)
     retention_s: float = 30 * 86400.0
     forget_after_s: float | None = 7 * 86400.0  # archive nodes silent this long; None: never
     interval_s: float = 30.0  # the agents' default interval, for offline detection
     max_body: int = MiB
+    write_queue_bytes: int = WRITE_QUEUE_BYTES_DEFAULT  # past it a write gets 503 at once
     thin_every_s: float = 600.0
     allowed_hosts: tuple[str, ...] | None = None  # None: the bind address and localhost (``hosts()``)
     max_connections: int = 1000  # above it, a request gets 503 at once (uvicorn's limit_concurrency)
@@ -72,6 +82,10 @@ class Settings:
     session_ttl_s: float = 12 * 3600.0  # the dashboard's login
     login_burst: int = 10  # failed logins or bearer tokens per client before 429 ...
     login_refill_s: float = 6.0  # ... and one more allowed every this many seconds
+    failed_tokens_per_minute: int = 120  # failed tokens of all clients together, before 429
+    max_new_nodes: int = 1000  # new nodes an hour for a credential not bound to one node
+    per_client_connections: int = PER_CLIENT_DEFAULT  # open connections per client address
+    trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-* headers are believed (none)
     # The working-set alert's line: this share of the effective limit (--working-set-line or
     # OOMGUARD_WORKING_SET_LINE: "90%" or "0.9"); a working set above the budget alerts too.
     working_set_line: float = 0.9
@@ -89,24 +103,29 @@ class Settings:
         return mask_url(self.db_url)
 
     def secrets(self) -> list[str | None]:
-        """What no message may show: the tokens and the database URL's passwords."""
-        return [self.agent_token, self.viewer_token, self.admin_token, *url_secrets(self.db_url)]
+        """What no message may show: the tokens, the fleet secrets and the database URL's passwords."""
+        return [self.agent_token, self.viewer_token, self.admin_token, *self.fleet_secrets, *url_secrets(self.db_url)]
 
     def check(self) -> None:
         self._check_db()
         loopback = is_loopback(self.host)
-        if not loopback and not (self.agent_token and self.viewer_token):
+        if not loopback and not ((self.agent_token or self.fleet_secrets) and self.viewer_token):
             raise UsageError(
                 f"manager: refusing to listen on {self.host}, which is not a loopback address, without both "
-                "--agent-token and --viewer-token (or OOMGUARD_AGENT_TOKEN / OOMGUARD_VIEWER_TOKEN)"
+                "an agent credential (--fleet-secret or --agent-token) and --viewer-token (or "
+                "OOMGUARD_FLEET_SECRETS / OOMGUARD_AGENT_TOKEN, OOMGUARD_VIEWER_TOKEN)"
             )
         tokens = (
             ("--agent-token", self.agent_token),
             ("--viewer-token", self.viewer_token),
             ("--admin-token", self.admin_token),
+            *(("--fleet-secret", secret) for secret in self.fleet_secrets),
         )
-        for flag, token in tokens:
+        for flag, token in tokens[:3]:
             self._check_token(flag, token, loopback)
+        check_fleet_secrets(self.fleet_secrets)
+        if self.agent_token is not None and self.agent_token.startswith(NODE_TOKEN_PREFIX):
+            raise UsageError(f"--agent-token: must not start with {NODE_TOKEN_PREFIX!r} (a node's token does)")
         for i, (flag, token) in enumerate(tokens):
             for other, token2 in tokens[i + 1 :]:
                 if token is not None and token == token2:
@@ -115,8 +134,16 @@ class Settings:
             raise UsageError(f"--port: must be 1 to 65535, got {self.port}")
         if self.max_body < 1024:
             raise UsageError("--max-body: must be at least 1 KiB")
+        if self.write_queue_bytes < MiB:
+            raise UsageError("--write-queue-bytes: must be at least 1 MiB")
         if not 8 <= self.max_connections <= 1_000_000:
             raise UsageError(f"--max-connections: must be 8 to 1000000, got {self.max_connections}")
+        for flag, count in (
+            ("--max-connections-per-client", self.per_client_connections),
+            ("--max-new-nodes", self.max_new_nodes),
+        ):
+            if not 1 <= count <= MAX_COUNT:
+                raise UsageError(f"{flag}: must be 1 to {MAX_COUNT}, got {count}")
         for entry in self.allowed_hosts or ():
             if not _HOST_ENTRY.match(entry):
                 raise UsageError(f"--allowed-hosts: {entry!r} is not a host name, an address or *")
@@ -156,6 +183,15 @@ class Settings:
                 f"{flag}: at least {MIN_TOKEN} characters off loopback (got {len(token)}); "
                 "make one with: openssl rand -hex 32"
             )
+
+
+def check_fleet_secrets(secrets: tuple[str, ...]) -> None:
+    """Fleet secrets are keys: visible ASCII without commas, of at least MIN_TOKEN characters on
+    loopback too (a token signed by a short key could be forged offline)."""
+    for secret in secrets:
+        Settings._check_token("--fleet-secret", secret, loopback=False)
+        if "," in secret:
+            raise UsageError("--fleet-secret: no commas (OOMGUARD_FLEET_SECRETS separates secrets with them)")
 
 
 # -- from the command line ---------------------------------------------------------------------------
@@ -218,12 +254,64 @@ def _share(text: str, source: str) -> float:
     return value
 
 
+def _count(source: str, text: str) -> int:
+    if not (text.isascii() and text.isdigit() and len(text) <= 7):
+        raise UsageError(f"{source}: expected a whole number, got {text!r}")
+    return int(text)
+
+
+def _flag_or_env(args: argparse.Namespace, name: str, variable: str) -> tuple[str, str] | None:
+    """(the text, where it came from) of a valued flag, else of its variable; None: neither."""
+    given = _text(args, name)
+    if given is not None:
+        return given, _flag(name)
+    if os.environ.get(variable):
+        return os.environ[variable], variable
+    return None
+
+
+def _list(args: argparse.Namespace, name: str, variable: str) -> tuple[list[str], str]:
+    """A repeatable flag's values, else its variable's comma-separated ones (blanks dropped)."""
+    given = getattr(args, name, None)
+    if isinstance(given, list) and given:
+        return [str(g).strip() for g in given], _flag(name)
+    text = os.environ.get(variable, "")
+    return [part.strip() for part in text.split(",") if part.strip()], variable
+
+
+def fleet_secrets_from(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--fleet-secret`` (repeatable), else ``OOMGUARD_FLEET_SECRETS`` (comma-separated): the
+    first signs new tokens, all verify. Unchecked: ``Settings.check`` checks them."""
+    secrets, _ = _list(args, "fleet_secret", "OOMGUARD_FLEET_SECRETS")
+    if any(not s for s in secrets):
+        raise UsageError("--fleet-secret: must not be empty")
+    return tuple(dict.fromkeys(secrets))
+
+
+def trusted_proxies_from(args: argparse.Namespace) -> tuple[Network, ...]:
+    """``--trusted-proxy CIDR`` (repeatable; an address is its /32 or /128), else
+    ``OOMGUARD_TRUSTED_PROXIES`` (comma-separated); a one-line UsageError for anything else."""
+    entries, source = _list(args, "trusted_proxy", "OOMGUARD_TRUSTED_PROXIES")
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            shown = entry if len(entry) <= 64 and entry.isprintable() else entry[:64].encode("unicode_escape").decode()
+            raise UsageError(
+                f"{source}: {shown!r} is not an address or a network (such as 10.0.0.0/8 or fd00::/8)"
+            ) from None
+    return tuple(dict.fromkeys(networks))
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """Settings from the parsed flags and the token variables, checked (UsageError naming the flag)."""
     given: dict[str, Any] = {
         "agent_token": _token(args, "agent_token", "OOMGUARD_AGENT_TOKEN"),
         "viewer_token": _token(args, "viewer_token", "OOMGUARD_VIEWER_TOKEN"),
         "admin_token": _token(args, "admin_token", "OOMGUARD_ADMIN_TOKEN"),
+        "fleet_secrets": fleet_secrets_from(args),
+        "trusted_proxies": trusted_proxies_from(args),
     }
     text = {name: t for name in vars(args) if (t := _text(args, name)) is not None}
     if "db" in text:
@@ -236,8 +324,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
     for name, field in DURATION_FLAGS.items():
         if name in text:
             given[field] = parse_duration(text[name], _flag(name))
+    counts = (
+        ("max_connections_per_client", "OOMGUARD_MAX_CONNECTIONS_PER_CLIENT", "per_client_connections"),
+        ("max_new_nodes", "OOMGUARD_MAX_NEW_NODES", "max_new_nodes"),
+    )
+    for name, variable, field in counts:
+        if (found := _flag_or_env(args, name, variable)) is not None:
+            given[field] = _count(*reversed(found))
     if "max_body" in text:
         given["max_body"] = parse_size(text["max_body"], "--max-body")
+    if (found := _flag_or_env(args, "write_queue_bytes", "OOMGUARD_WRITE_QUEUE_BYTES")) is not None:
+        given["write_queue_bytes"] = parse_size(*found)
     if "forget_after" in text:
         given["forget_after_s"] = _forget_after(text["forget_after"])
     if "allowed_hosts" in text:

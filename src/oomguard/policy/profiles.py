@@ -6,6 +6,10 @@ or ``{NAME: {...}}``. Fields: ``per_job`` (required), ``baseline``, ``pinned_per
 pinned memory is pinned: ``cuda``, ``mlock`` or ``rdma``, see ``policy/plan.py``; default
 ``mlock``), ``max_jobs`` (int), ``cpus_per_job`` (number), ``description``, ``source`` (text;
 not used by the planner).
+
+A user file is read as any file a flag names (``sources/files.py``): a regular file only (a FIFO or
+``/dev/zero`` is refused at once, never waited on or read for ever), at most ``MAX_BYTES`` (1 MiB),
+nested at most ``MAX_DEPTH`` (64) levels; anything else is a one-line ``--profiles`` error (exit 2).
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ import os
 import sys
 
 from oomguard.errors import BadParameter, UsageError
-from oomguard.units import parse_size
+from oomguard.sources.files import MAX_DEPTH, loads_json, read_bounded, too_deep
+from oomguard.units import MAX_SIZE, MAX_SIZE_TEXT, parse_size
+
+MAX_BYTES = 1 << 20  # a profiles file holds a few hundred bytes per profile
+# --cpus-per-job and a profile's cpus_per_job: a millicore (Kubernetes' smallest CPU unit) at least, so
+# that CPUs / cpus_per_job stays a finite number of jobs, and at most a million CPUs.
+CPUS_MIN = 0.001
+CPUS_MAX = 1e6
 
 SIZE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job")
 # Where the built-in profiles live, for messages: read through the package's loader (pkgutil), not
@@ -32,23 +43,35 @@ def _read_builtin() -> object:
     return json.loads(data.decode("utf-8"))
 
 
+def _toml(path: str) -> object:
+    data: object = None
+    if sys.version_info >= (3, 11):
+        import tomllib  # novermin: guarded by the version check above
+
+        text = read_bounded(path, MAX_BYTES).decode("utf-8")  # a UnicodeDecodeError is a ValueError
+        try:
+            data = tomllib.loads(text)
+        except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+            data = None
+    else:
+        raise BadParameter("profiles", f"{path}: TOML needs Python >= 3.11; use a JSON file")
+    if data is None or too_deep(data):
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+    return data
+
+
 def _load(path: str, *, builtin: bool = False) -> dict[str, dict[str, object]]:
     try:
         if builtin:
             data = _read_builtin()
         elif path.endswith(".toml"):
-            if sys.version_info >= (3, 11):
-                import tomllib  # novermin: guarded by the version check above
-
-                with open(path, "rb") as f:
-                    data = tomllib.load(f)
-            else:
-                raise BadParameter("profiles", f"{path}: TOML needs Python >= 3.11; use a JSON file")
+            data = _toml(path)
         else:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = loads_json(read_bounded(path, MAX_BYTES))
     except OSError as exc:
         raise BadParameter("profiles", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeError:  # before ValueError: its message quotes the bytes
+        raise BadParameter("profiles", f"{path} is not valid: not UTF-8 text") from None
     except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError
         raise BadParameter("profiles", f"{path} is not valid: {str(exc).splitlines()[0]}") from None
     profiles = data.get("profiles", data) if isinstance(data, dict) else None
@@ -65,6 +88,13 @@ def load_profiles(path: str | None = None) -> dict[str, dict[str, object]]:
     return profiles
 
 
+def check_cpus(value: float, what: str) -> float:
+    """*value* when it is from ``CPUS_MIN`` to ``CPUS_MAX``; ``UsageError`` naming *what* otherwise."""
+    if not CPUS_MIN <= value <= CPUS_MAX:  # NaN fails too
+        raise UsageError(f"{what}: must be from {CPUS_MIN:g} to {CPUS_MAX:g}, got {value!r}")
+    return value
+
+
 def profile_values(name: str, profile: dict[str, object]) -> dict[str, object]:
     """A profile's fields as Shape arguments: sizes in bytes, counts as numbers."""
     out: dict[str, object] = {}
@@ -76,6 +106,8 @@ def profile_values(name: str, profile: dict[str, object]) -> dict[str, object]:
             out[key] = value if isinstance(value, int) else parse_size(value, what)
             if isinstance(value, int) and value < 0:
                 raise UsageError(f"{what}: must not be negative")
+            if isinstance(value, int) and value > MAX_SIZE:
+                raise UsageError(f"{what}: {value} is too large (at most {MAX_SIZE_TEXT})")
         elif key == "pin_method":
             from oomguard.policy.plan import PIN_METHODS
 
@@ -89,7 +121,7 @@ def profile_values(name: str, profile: dict[str, object]) -> dict[str, object]:
         elif key == "cpus_per_job":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise UsageError(f"{what}: expected a number, got {value!r}")
-            out[key] = float(value)
+            out[key] = check_cpus(float(value), what)
     if "per_job" not in out:
         raise UsageError(f"profile {name!r}: per_job is required")
     return out

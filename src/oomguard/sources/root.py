@@ -237,8 +237,60 @@ def _bad_path(path: str) -> Failure:
     return Failure(path, "error", why)
 
 
+# A snapshot tarball's limits (docs/snapshots.md): ``capture`` writes what the probe read, tens to
+# hundreds of files of a few KiB (the largest fixture: 84 files, 131 KB), each at most MAX_FILE_BYTES.
+# A tarball beyond any of them is refused with one line (exit 2) before it costs more memory or time:
+# the contents are decompressed through a counter, so a gzip bomb stops at the cap too.
+MAX_SNAPSHOT_BYTES = 32 << 20  # the files' total size
+MAX_SNAPSHOT_MEMBERS = 10_000  # files, directories and links
+_MAX_STREAM_BYTES = 2 * MAX_SNAPSHOT_BYTES  # the whole tar stream: contents plus headers and padding
+
+
+class _TooMuch(Exception):
+    """A snapshot tarball beyond a limit; the message says which."""
+
+
+class _Counted:
+    """A decompressed stream that refuses to give more than *limit* bytes in all."""
+
+    def __init__(self, inner: Any, limit: int) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        want = self.limit + 1 - self.count if size < 0 else min(size, self.limit + 1 - self.count)
+        data = self.inner.read(want) if want > 0 else b""
+        self.count += len(data)
+        if self.count > self.limit:
+            raise _TooMuch(f"more than {self.limit >> 20} MiB of tar data")
+        return bytes(data)
+
+
+def _decompressed(raw: Any) -> Any:
+    """*raw* (a binary file at its start) decompressed by its magic bytes: gzip, bzip2, xz, or a plain tar."""
+    magic = raw.read(6)
+    raw.seek(0)
+    if magic[:2] == b"\x1f\x8b":
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic[:3] == b"BZh":
+        import bz2
+
+        return bz2.BZ2File(raw)
+    if magic == b"\xfd7zXZ\x00":
+        import lzma
+
+        return lzma.LZMAFile(raw)
+    return raw
+
+
 class TarRoot(_SnapshotRoot):
-    """A ``.tar.gz`` snapshot, read into memory; nothing is extracted to disk."""
+    """A ``.tar.gz`` snapshot (or .tar, .tar.bz2, .tar.xz), read into memory; nothing is extracted
+    to disk. ``SnapshotError`` (one line) for a tarball that cannot be read or is beyond a limit:
+    more than ``MAX_SNAPSHOT_MEMBERS`` members, a file above ``MAX_FILE_BYTES``, files above
+    ``MAX_SNAPSHOT_BYTES`` in all (the decompressed stream is cut there too)."""
 
     def __init__(self, tarball: str) -> None:
         import tarfile  # only snapshots pay for it
@@ -247,25 +299,51 @@ class TarRoot(_SnapshotRoot):
         self.label = tarball
         self.files: dict[str, str] = {}
         self.dirs: set[str] = {"/"}
+        errors: tuple[type[BaseException], ...] = (OSError, tarfile.TarError, EOFError, zlib.error)
         try:
-            with tarfile.open(tarball, "r:*") as tar:
-                for member in tar:
-                    name = os.path.normpath("/" + member.name.lstrip("/"))
-                    if name == "/":
-                        continue
-                    self._add_parents(name)
-                    if member.isdir():
-                        self.dirs.add(name)
-                    elif member.isfile() and member.size <= MAX_FILE_BYTES:
-                        f = tar.extractfile(member)
-                        if f is not None:
-                            self.files[name] = f.read().decode("utf-8", "surrogateescape")
-        except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-            # tarfile's "r:*" error lists every method it tried, one per line: keep one line.
+            import lzma  # the xz module's own error is no OSError
+
+            errors += (lzma.LZMAError,)
+        except ImportError:  # pragma: no cover - a Python built without lzma
+            pass
+        try:
+            fd = os.open(tarball, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait for a writer
+            with open(fd, "rb") as raw:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(0, "not a regular file")
+                self._read(tarfile, _Counted(_decompressed(raw), _MAX_STREAM_BYTES))
+        except _TooMuch as exc:
+            raise SnapshotError(f"--root: snapshot {tarball!r} is too large: {exc}") from None
+        except errors as exc:
+            # tarfile's error lists every method it tried, one per line: keep one line.
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise SnapshotError(
                 f"--root: cannot read snapshot {tarball!r}: not a readable tar archive ({detail})"
             ) from None
+
+    def _read(self, tarfile: Any, stream: _Counted) -> None:
+        """Every member of the tar *stream* (tarfile's stream mode, "r|": one pass, no seeking)."""
+        total = 0
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for count, member in enumerate(tar, 1):
+                if count > MAX_SNAPSHOT_MEMBERS:
+                    raise _TooMuch(f"more than {MAX_SNAPSHOT_MEMBERS} members")
+                name = os.path.normpath("/" + member.name.lstrip("/"))
+                if member.isfile():
+                    if member.size > MAX_FILE_BYTES:
+                        raise _TooMuch(f"{name} holds more than {MAX_FILE_BYTES >> 20} MiB")
+                    total += member.size
+                    if total > MAX_SNAPSHOT_BYTES:
+                        raise _TooMuch(f"its files hold more than {MAX_SNAPSHOT_BYTES >> 20} MiB")
+                if name == "/":
+                    continue
+                self._add_parents(name)
+                if member.isdir():
+                    self.dirs.add(name)
+                elif member.isfile():
+                    f = tar.extractfile(member)
+                    if f is not None:
+                        self.files[name] = f.read().decode("utf-8", "surrogateescape")
 
     def _add_parents(self, name: str) -> None:
         parent = os.path.dirname(name)
@@ -301,6 +379,8 @@ def open_root(spec: str | None) -> Root:
         root: Root = DirRoot(spec)
     elif os.path.isfile(spec):
         root = TarRoot(spec)
+    elif os.path.lexists(spec):  # a FIFO, a device (/dev/zero), a socket, a dangling link
+        raise SnapshotError(f"--root: {spec!r} is neither a snapshot directory nor a regular file")
     else:
         raise SnapshotError(f"--root: no such snapshot directory or tarball: {spec!r}")
     if not root.exists("/proc/meminfo") and not root.exists("/proc/self/cgroup"):

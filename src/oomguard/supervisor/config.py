@@ -24,6 +24,12 @@ before anything starts: a typo would otherwise reach the worker as text. Any oth
 pass through unchanged: shell parameters (``${HOME}``, ``${x}``), f-string fields in
 ``python -c`` code (``{n}``, ``{n + 1}``), ``{'a': 1}``, awk's ``{print $1}``, JSON.
 ``{{name}}`` is the literal text ``{name}`` (as in ``str.format``).
+
+The worker inherits ``run``'s environment except oomguard's own secrets (``is_secret_variable``):
+``OOMGUARD_AGENT_TOKEN`` (which ``run --manager`` itself reads), the manager's
+``OOMGUARD_VIEWER_TOKEN`` and ``OOMGUARD_ADMIN_TOKEN``, the fleet secrets, and any ``OOMGUARD_*``
+variable whose name ends in ``_TOKEN``, ``_TOKENS``, ``_SECRET``, ``_SECRETS``, ``_PASSWORD`` or
+``_KEY``: a worker never holds a credential to speak for its node, or for another.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import difflib
 import os
 import re
 import signal
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from oomguard.errors import UsageError
@@ -87,6 +94,33 @@ def check_placeholders(command: list[str], with_plan: bool) -> None:
     """Raise ``UsageError`` now for what ``substitute`` would refuse at the first start."""
     names = ALWAYS + (WITH_PLAN if with_plan else ())
     substitute(command, dict.fromkeys(names, ""))
+
+
+# oomguard's own secrets, by name, and the rule that also catches the ones added later.
+SECRET_VARIABLES = frozenset(
+    {
+        "OOMGUARD_AGENT_TOKEN",  # the agent's bearer token (run --manager, agent)
+        "OOMGUARD_VIEWER_TOKEN",  # the manager's dashboard token
+        "OOMGUARD_ADMIN_TOKEN",  # the manager's admin token
+        "OOMGUARD_FLEET_SECRET",  # the manager's per-node credentials' secret
+        "OOMGUARD_FLEET_SECRETS",  # the same, several during a rollover
+    }
+)
+_SECRET_ENDINGS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "KEY")
+
+
+def is_secret_variable(name: str) -> bool:
+    """True for a variable of oomguard's that holds a secret: one of ``SECRET_VARIABLES``, or an
+    ``OOMGUARD_*`` name whose last word is one of ``_SECRET_ENDINGS`` (``OOMGUARD_AGENT_TOKEN_FILE``
+    names a file, not a secret, and is kept)."""
+    if name in SECRET_VARIABLES:
+        return True
+    return name.startswith("OOMGUARD_") and name.rsplit("_", 1)[-1] in _SECRET_ENDINGS
+
+
+def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """*environ* without oomguard's own secrets (``is_secret_variable``)."""
+    return {k: v for k, v in environ.items() if not is_secret_variable(k)}
 
 
 # ``run --guard`` (supervisor/guard.py): how often it samples, how often near the ceiling (the
@@ -185,9 +219,14 @@ def worker_values(budget: int, concurrency: int | None, shape: Shape | None) -> 
 def worker_env_and_args(
     command: list[str], budget: int, concurrency: int | None, shape: Shape | None = None
 ) -> tuple[dict[str, str], list[str]]:
-    """The worker's environment (this process's plus the budget variables) and its arguments."""
+    """The worker's environment (this process's, less oomguard's secrets, plus the budget variables)
+    and its arguments."""
     values = worker_values(budget, concurrency, shape)
-    env = {**os.environ, "OOMGUARD_BUDGET_BYTES": values["budget_bytes"], "OOMGUARD_BUDGET": values["budget"]}
+    env = {
+        **worker_environ(os.environ),
+        "OOMGUARD_BUDGET_BYTES": values["budget_bytes"],
+        "OOMGUARD_BUDGET": values["budget"],
+    }
     if concurrency is not None:
         env["OOMGUARD_CONCURRENCY"] = str(concurrency)
     for name in WITH_PLAN[1:]:

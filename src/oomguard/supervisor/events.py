@@ -19,11 +19,17 @@ after an OOM kill or a pressure stop, ``outside_bytes``, the anonymous memory of
 processes outside the worker's tree, in words when it is a meaningful share (``neighbour_note``).
 With ``--guard``, ``guard_margin_bytes`` is the margin below the ceiling where the guard stops
 the worker and ``working_set_peak_bytes`` the highest working set it sampled (``supervisor/guard.py``).
+
+``--events FILE`` is opened without blocking (``open_events``): a FIFO nobody reads is an error at
+once, not a hang. A write that fails later (a full disk) is said once on stderr and the events go on
+to stderr and the sinks only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -170,6 +176,15 @@ def describe(e: dict[str, Any]) -> str:
     return line + (f": {e['message']}" if e["message"] else "")
 
 
+def open_events(path: str) -> TextIO:
+    """*path* opened to append, without waiting: ``OSError`` for a FIFO with no reader (open(2):
+    "ENXIO ... O_NONBLOCK | O_WRONLY is set, the named file is a FIFO, and no process has the FIFO
+    open for reading"). Once open, writes block as usual (a reader that is slow is waited for)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    os.set_blocking(fd, True)
+    return open(fd, "a", encoding="utf-8")
+
+
 class EventLog:
     """Writes events; *sinks* receive each event dict too (the manager client, tests)."""
 
@@ -177,21 +192,31 @@ class EventLog:
         self.path = path
         self.stderr = stderr if stderr is not None else sys.stderr
         self.sinks: list[Callable[[dict[str, Any]], None]] = []
-        self._file: TextIO | None = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
+        self._file: TextIO | None = open_events(path) if path else None
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         e: dict[str, Any] = dict.fromkeys(FIELDS)
         e.update(fields, event=event, time=iso_now())
         if self._file is not None:
-            self._file.write(json.dumps(e) + "\n")
-            self._file.flush()
+            try:
+                self._file.write(json.dumps(e) + "\n")
+                self._file.flush()
+            except OSError as exc:
+                self.stderr.write(
+                    f"oomguard run: cannot write to {self.path} ({exc.strerror or exc}); events go to stderr only\n"
+                )
+                self._close_file()
         self.stderr.write(describe(e) + "\n")
         self.stderr.flush()
         for sink in self.sinks:
             sink(e)
         return e
 
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):  # the buffered line that failed, failing again
+                file.close()
+
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._close_file()

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from oomguard.supervisor.peak import TreePeak
 
 FAST_QUIET = 0.02  # seconds a waker is not polled after it woke the supervisor
+# The longest single poll: poll(2) takes an int of milliseconds (CPython's select.poll raises
+# OverflowError "timeout is too large" above INT_MAX ms, 24.8 days); a longer wait (a backoff of
+# --backoff-max 30d) polls again, as after any early wake-up.
+POLL_MAX_S = 86400.0
 
 
 class Waker(Protocol):
@@ -64,7 +68,7 @@ def exit_waiter(pid: int, *wakers: Waker | None) -> Iterator[Callable[[float], N
                 if now >= quiet_until[i]:
                     owner |= {f: i for f in w.fds()}
             wake_at = min([end, *(q for q in quiet_until if q > now)])
-            span = wake_at - now
+            span = min(wake_at - now, POLL_MAX_S)
             if fd is None and not owner:
                 time.sleep(span)
                 continue

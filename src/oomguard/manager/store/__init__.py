@@ -3,6 +3,8 @@
 
 - ``writer``: reports and events in, on one writer thread with group commit (``commit``): each
   write returns only after the commit that holds it, and writes that arrive together share one;
+  the writes held at once are bounded in bytes (*write_queue_bytes*; beyond it a write is a 503
+  at once), and one whose request timed out (503) before the writer took it is withdrawn;
   every row is stamped with the manager's receive time, the agent's time kept beside it;
 - ``queries``: the node list, a node's detail, the dashboard's cards, metric rows; ``history``:
   a node's history, downsampled for charts or a page at a time;
@@ -11,7 +13,9 @@
   connection, small batches, one replica at a time on PostgreSQL);
 - ``forget_node``: a node and all its rows deleted, on the writer thread (the admin token is the
   caller's to check);
-- ``health``: database failures seen by the routes: their kinds, each outage episode logged once.
+- ``health``: database failures seen by the routes: their kinds, each outage episode logged once;
+- ``growth``: how many nodes were created in the last hour (the new-node cap, shared by replicas);
+- ``text``: stored JSON read back whatever text it holds (a lone surrogate comes back as its escape).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
 from oomguard.manager.retention import Retention
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import alerting, queries
+from oomguard.manager.store.commit import DEFAULT_MAX_BYTES as DEFAULT_WRITE_QUEUE_BYTES
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
 from oomguard.manager.store.queries import DEFAULT_SORT, SORT_KEYS
@@ -46,13 +51,14 @@ class Store:
         forget_after_s: float | None = Settings.forget_after_s,
         working_set_line: float = Settings.working_set_line,
         clock: Callable[[], int] = now_ms,
+        write_queue_bytes: int = DEFAULT_WRITE_QUEUE_BYTES,
     ) -> None:
         self.engine = engine
         self.default_interval_ms = int(default_interval_s * 1000)
         self.retention_ms = int(retention_s * 1000)
         self.line = working_set_line  # the working-set alert's line, a share of the effective limit
         self.clock = clock
-        self._writer = Writer(engine, clock, working_set_line)
+        self._writer = Writer(engine, clock, working_set_line, write_queue_bytes)
         forget_ms = int(forget_after_s * 1000) if forget_after_s else None
         self.retention = Retention(
             engine, self.retention_ms, forget_after_ms=forget_ms, default_interval_ms=self.default_interval_ms
@@ -173,4 +179,11 @@ class Store:
             return queries.metric_rows(conn, self.clock(), self.default_interval_ms, self.line)
 
 
-__all__ = ["DEFAULT_SORT", "HISTORY_CURSOR_PATTERN", "HISTORY_POINTS", "SORT_KEYS", "Store"]
+__all__ = [
+    "DEFAULT_SORT",
+    "DEFAULT_WRITE_QUEUE_BYTES",
+    "HISTORY_CURSOR_PATTERN",
+    "HISTORY_POINTS",
+    "SORT_KEYS",
+    "Store",
+]

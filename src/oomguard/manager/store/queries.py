@@ -13,7 +13,6 @@ from one grouped subquery of the last day's exit events, joined: never one query
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select
@@ -33,7 +32,7 @@ from oomguard.manager.alerts import (
     working_set_ratio_sql,
 )
 from oomguard.manager.db import events, latest_reports, node_labels, nodes
-from oomguard.manager.store import history, supervisor
+from oomguard.manager.store import history, supervisor, text
 from oomguard.manager.times import iso_ms
 
 DAY_MS = 24 * 3_600_000
@@ -166,7 +165,7 @@ def working_set_pct(working_set: int | None, effective: int | None) -> float | N
 
 
 def _summary(r: Any) -> dict[str, Any]:
-    warnings = json.loads(r["warnings"]) if r["warnings"] else []
+    warnings = text.loads(r["warnings"]) if r["warnings"] else []
     seen = max(r["last_seen_ms"], r["last_event_ms"] or 0)
     last_pct = working_set_pct(r["working_set_bytes"], r["effective_bytes"])
     refused = None
@@ -196,7 +195,7 @@ def _summary(r: Any) -> dict[str, Any]:
         "last_working_set_pct": last_pct,
         "limited_by": r["limited_by"],
         "runtime": r["runtime"],
-        "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
+        "gpus": text.loads(r["gpus"]) if r["gpus"] else [],
         "memlock_soft_bytes": r["memlock_soft_bytes"],
         "cap_ipc_lock": r["cap_ipc_lock"],
         "oom_kills_24h": int(r["oom_kills_24h"] or 0),
@@ -207,7 +206,7 @@ def _summary(r: Any) -> dict[str, Any]:
         "concurrency": r["concurrency"],
         "clock_skew_s": None if r["clock_skew_ms"] is None else r["clock_skew_ms"] / 1000,
         "refused": refused,
-        "labels": json.loads(r["labels"]) if r["labels"] else {},
+        "labels": text.loads(r["labels"]) if r["labels"] else {},
     }
 
 
@@ -221,7 +220,7 @@ def events_page(conn: Connection, node_id: int, limit: int, offset: int = 0) -> 
         .offset(offset)
     ).all()
     total = conn.execute(select(func.count(events.c.id)).where(events.c.node_id == node_id)).scalar_one()
-    return [{**json.loads(body), "received": iso_ms(t)} for t, body in rows], int(total)
+    return [{**text.loads(body), "received": iso_ms(t)} for t, body in rows], int(total)
 
 
 def _node_row(conn: Connection, now: int, interval_ms: int, name: str, line: float = DEFAULT_LINE) -> Any:
@@ -262,12 +261,12 @@ def node_detail(
     out = _summary(row)
     worded = {**row, "run_only": row["warnings"] is None}
     out["open_alerts"] = node_alerts(worded, int(row["oom_1h"]), int(row["stops_1h"]), line)
-    out["latest"] = json.loads(row["latest_json"]) if row["latest_json"] else None
+    out["latest"] = text.loads(row["latest_json"]) if row["latest_json"] else None
     plan = (out["latest"] or {}).get("plan") if isinstance(out["latest"], dict) else None
     planned = plan.get("concurrency") if isinstance(plan, dict) else None
     recent = supervisor.recent_events(conn, row["id"])
-    out["supervisor"] = supervisor.state(
-        recent, now, planned if isinstance(planned, int) else None, out["status"] != "offline"
+    out["supervisor"] = text.clean(  # its messages are the events' own (supervisor.py reads their JSON)
+        supervisor.state(recent, now, planned if isinstance(planned, int) else None, out["status"] != "offline")
     )
     out["history"], out["history_count"] = history.series(conn, row["id"], history_points, history_since_ms)
     out["events"], out["events_total"] = events_page(conn, row["id"], events_limit)

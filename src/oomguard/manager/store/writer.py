@@ -33,7 +33,7 @@ from oomguard.manager.alerts import DEFAULT_LINE, working_set_high
 from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
 from oomguard.manager.db import events, latest_reports, node_labels, nodes, reports
 from oomguard.manager.store import history
-from oomguard.manager.store.commit import GroupCommitter
+from oomguard.manager.store.commit import DEFAULT_MAX_BYTES, GroupCommitter
 from oomguard.manager.times import now_ms
 
 # A supervisor's announced heartbeat interval is kept within these: a dead supervisor that had
@@ -116,15 +116,24 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | 
 
 
 class Writer:
-    """Every write of the manager, on one group-commit thread; *clock* gives the receive time."""
+    """Every write of the manager, on one group-commit thread; *clock* gives the receive time;
+    *max_queue_bytes*: the most bytes of writes held at once (``commit``: beyond it, 503)."""
 
-    def __init__(self, engine: Engine, clock: Callable[[], int] = now_ms, line: float = DEFAULT_LINE) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Callable[[], int] = now_ms,
+        line: float = DEFAULT_LINE,
+        max_queue_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.sqlite = engine.dialect.name == "sqlite"
         self.line = line  # the working-set line, which ``ws_high_since_ms`` is kept by
         self._insert = sqlite_insert if self.sqlite else pg_insert
         self.clock = clock
         self._node_ids: dict[str, int] = {}  # written only by the writer thread
-        self.committer = GroupCommitter(engine, on_rollback=self._node_ids.clear, bulk=self._write_reports)
+        self.committer = GroupCommitter(
+            engine, on_rollback=self._node_ids.clear, bulk=self._write_reports, max_bytes=max_queue_bytes
+        )
         self._insert_reports = (
             self._insert(reports).on_conflict_do_nothing(index_elements=["ingest_id"]).returning(reports.c.ingest_id)
         )
@@ -138,15 +147,16 @@ class Writer:
     async def report(self, env: ReportEnvelope, report_json: str, agent_ms: int | None = None) -> bool:
         """Store a report received now, with the agent's own time; False when its id was stored before."""
         item = _report_item(env, report_json, self.clock(), agent_ms, self.line)
-        return bool(await self.committer.submit_async(item))
+        return bool(await self.committer.submit_async(item, len(report_json) + len(item.labels or "")))
 
     async def event(self, env: EventEnvelope, body_json: str) -> bool:
         """Store an event received now; False when its id was stored before. A heartbeat is no
         row: it only says the node's supervisor is alive (True)."""
         t = self.clock()
+        size = len(body_json) + len(labels_json(env.labels) or "")
         if env.event.event == "heartbeat":
-            return bool(await self.committer.submit_async(self._heartbeat_writer(env, t)))
-        return bool(await self.committer.submit_async(self._event_writer(env, body_json, t)))
+            return bool(await self.committer.submit_async(self._heartbeat_writer(env, t), size))
+        return bool(await self.committer.submit_async(self._event_writer(env, body_json, t), size))
 
     async def forget(self, name: str) -> bool:
         """Delete the node *name* and every row of it; False when there is no such node."""

@@ -1,6 +1,7 @@
-"""The HTTP API: agents POST reports and events (agent token); readers GET nodes, alerts and
-Prometheus metrics (viewer token); the operator DELETEs a node (admin token); ``/healthz`` is
-open and checks the database.
+"""The HTTP API: agents POST reports and events (the node's own token, or the fleet-wide agent
+token: ``deps.require_agent``; the body's ``node`` must be the token's, ``deps.may_write``);
+readers GET nodes, alerts and Prometheus metrics (viewer token); the operator DELETEs a node
+(admin token); ``/healthz`` is open and checks the database.
 
 No client input gets a 5xx: a body that is not strict JSON is refused by the middleware
 (``oomguard.manager.bodies``), one that does not fit its envelope (``bodies``) or a report that
@@ -26,9 +27,11 @@ from oomguard.manager.store.health import DatabaseUnavailable, DbHealth, classif
 from oomguard.manager.times import parse_iso_ms
 from oomguard.manager.web.deps import (
     DB_FAILURES,
+    AgentDep,
     StoreDep,
     db_read,
     db_write,
+    may_write,
     require_admin,
     require_agent,
     require_viewer,
@@ -40,11 +43,15 @@ NO_NUL = r"^[^\x00]*$"
 REFUSALS: dict[int | str, dict[str, Any]] = {
     408: {"description": "the body did not arrive in time"},
     413: {"description": "body too large"},
-    429: {"description": "too many failed tokens from this client"},
+    429: {"description": "too many failed tokens (this client's, or all clients'), or new nodes an hour"},
     503: {"description": "the database is unavailable; retry later (Retry-After)"},
 }
 
-ingest = APIRouter(prefix="/api/v1", dependencies=[Depends(require_agent)], responses=REFUSALS)
+ingest = APIRouter(
+    prefix="/api/v1",
+    dependencies=[Depends(require_agent)],
+    responses={**REFUSALS, 403: {"description": "the token is another node's"}},
+)
 reads = APIRouter(dependencies=[Depends(require_viewer)], responses=REFUSALS)
 admin = APIRouter(
     prefix="/api/v1",
@@ -63,18 +70,20 @@ def _json(value: Any, what: str) -> str:
 
 
 @ingest.post("/reports", response_model=Stored)
-async def post_report(request: Request, body: ReportEnvelope, store: StoreDep) -> Stored:
+async def post_report(request: Request, body: ReportEnvelope, store: StoreDep, credential: AgentDep) -> Stored:
     problem = contract.problem(body.report)
     if problem is not None:
         raise HTTPException(422, problem)
     report_json = _json(body.report, "report")  # as the agent sent it
+    await may_write(request, credential, body.node)
     stored = await db_write(request, store.ingest_report_async(body, report_json, parse_iso_ms(body.time)))
     return Stored(stored=stored, id=body.id)
 
 
 @ingest.post("/events", response_model=Stored)
-async def post_event(request: Request, body: EventEnvelope, store: StoreDep) -> Stored:
+async def post_event(request: Request, body: EventEnvelope, store: StoreDep, credential: AgentDep) -> Stored:
     body_json = _json(body.event.model_dump(), "event")
+    await may_write(request, credential, body.node)
     return Stored(stored=await db_write(request, store.ingest_event_async(body, body_json)), id=body.id)
 
 

@@ -1,12 +1,16 @@
 """What routes depend on (FastAPI ``Depends``): the store, the settings, the token checks, and
 ``db_read``/``db_write``, the one way a route waits on the database.
 
-Agents write with ``Authorization: Bearer <agent token>``, readers with the viewer token in the
-header, or with the session cookie that ``/login`` sets (``oomguard.manager.web.sessions``). A role
-without a token is open (allowed only on loopback, see Settings.check). The operator's admin
-token (forgetting a node) is the exception: without one configured, nothing may do it (403).
-Tokens are compared in constant time; a client's failed tokens are limited (429 once its bucket
-is empty), the admin token's with the others.
+Agents write with ``Authorization: Bearer <token>``: their own node's token (``ogn1.<node>.<mac>``,
+signed by a ``--fleet-secret``: ``web.credentials``), which writes that node only (403 for
+another), or the fleet-wide ``--agent-token`` (an opt-in: any node, under the new-node cap).
+Readers use the viewer token in the header, or the session cookie that ``/login`` sets
+(``oomguard.manager.web.sessions``). A role without a token is open (allowed only on loopback, see
+Settings.check). The operator's admin token (forgetting a node) is the exception: without one
+configured, nothing may do it (403). Tokens are compared in constant time. A token is checked
+first: a valid one always passes; a failed one counts against its client's allowance and the
+global one (``sessions.FailureLimiter``) and is answered 429 instead of 401 once either is spent.
+The client is the peer's address, or what a trusted proxy forwarded (``web.proxies``).
 
 Every database wait is bounded by ``request_timeout_s``: a hung database gets a 503 in time,
 while the stuck thread is left to finish on its own (a write that commits after its 503 is
@@ -27,7 +31,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
+from oomguard.manager.store.growth import growth
 from oomguard.manager.store.health import DbHealth
+from oomguard.manager.web.credentials import WINDOW_MS, AgentCredential, NewNodes, is_node_token, token_node
 from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
 
 T = TypeVar("T")
@@ -51,6 +57,8 @@ def token_ok(expected: str | None, given: str | None) -> bool:
 
 
 def client_of(request: Request) -> str:
+    """The client's address: the peer's, or the one a trusted proxy forwarded. ``TrustedProxies``
+    (``web.proxies``, outermost in ``app.create_app``) has already put it in the scope."""
     return request.client.host if request.client else "?"
 
 
@@ -77,15 +85,15 @@ def too_many(retry_after: int) -> HTTPException:
 
 
 def checked(request: Request, ok: Callable[[], bool]) -> bool:
-    """Run the credential check *ok* under the client's failure limit: 429 while it is spent."""
-    limiter: FailureLimiter = request.app.state.limiter
-    client = client_of(request)
-    wait = limiter.retry_after(client)
-    if wait:
-        raise too_many(wait)
+    """Run the credential check *ok*: True when it passes, whatever the limits say; a failure
+    counts against the client's and the global allowance (``FailureLimiter``): False within
+    both, else 429."""
     if ok():
         return True
-    limiter.failed(client)
+    limiter: FailureLimiter = request.app.state.limiter
+    wait = limiter.failed(client_of(request))
+    if wait:
+        raise too_many(wait)
     return False
 
 
@@ -125,11 +133,61 @@ def require_admin(request: Request, authorization: Annotated[str | None, Header(
         raise _unauthorized()
 
 
-def require_agent(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    """API writes: the agent token."""
-    expected = get_settings(request).agent_token
-    if expected is not None and not checked(request, lambda: token_ok(expected, bearer(authorization))):
+def agent_credential(settings: Settings, given: str | None) -> AgentCredential | None:
+    """What *given* (a bearer token, or None) proves for an agent's write; None: nothing."""
+    if settings.agent_token is None and not settings.fleet_secrets:
+        return AgentCredential(None, "open")  # loopback only (Settings.check)
+    if settings.agent_token is not None and token_ok(settings.agent_token, given):
+        return AgentCredential(None, "fleet")
+    if is_node_token(given):
+        node = token_node(given, settings.fleet_secrets)
+        return AgentCredential(node, "node") if node is not None else None
+    return None
+
+
+def require_agent(request: Request, authorization: Annotated[str | None, Header()] = None) -> AgentCredential:
+    """API writes: the node's own token or the fleet-wide agent token (401; 429 past the limits)."""
+    found: list[AgentCredential] = []
+
+    def ok() -> bool:
+        credential = agent_credential(get_settings(request), bearer(authorization))
+        found.extend([credential] if credential is not None else [])
+        return credential is not None
+
+    if not checked(request, ok):
         raise _unauthorized()
+    return found[0]
+
+
+AgentDep = Annotated[AgentCredential, Depends(require_agent)]
+OTHER_NODE = "this token is another node's: a node's token writes that node's reports and events only"
+
+
+async def may_write(request: Request, credential: AgentCredential, node: str) -> None:
+    """403 when *credential* is another node's; for one not bound to a node, 429 when *node*
+    would be a new node beyond the new-node cap (``credentials.NewNodes``)."""
+    if not credential.may_write(node):
+        raise HTTPException(403, OTHER_NODE)
+    if credential.node is not None:
+        return
+    new_nodes: NewNodes = request.app.state.new_nodes
+    if new_nodes.known(node):
+        return
+    store = get_store(request)
+    now = store.clock()
+    full = new_nodes.full(now)
+    exists, count, oldest = await db_read(request, growth, store.engine, node, now - WINDOW_MS, not full)
+    if exists:
+        new_nodes.remember(node)
+        return
+    wait = new_nodes.refuse(now) if full else new_nodes.admit(node, now, count, oldest)
+    if wait:
+        raise HTTPException(
+            429,
+            f"this token may create at most {new_nodes.cap} new nodes an hour (--max-new-nodes); "
+            "try again later, or give the node its own token",
+            headers={"Retry-After": str(wait)},
+        )
 
 
 def require_viewer(

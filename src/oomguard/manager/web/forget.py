@@ -6,9 +6,8 @@ request could ride on) and the node's name typed again. Against cross-site reque
 that: the session cookie is SameSite=Strict; the form carries a token derived from the session
 cookie (HMAC-SHA256 keyed by the cookie, which another site cannot read); and a browser's
 ``Origin`` must name this manager's own Host, or the ``X-Forwarded-Host`` a reverse proxy sends
-when it rewrites Host to its upstream (deploy/proxy/: Caddy and nginx both do; a cross-site form
-cannot set that header, and a cross-site ``fetch`` with it needs a CORS preflight the manager never
-grants). The confirmation page sets
+when it rewrites Host to its upstream (deploy/proxy/: Caddy and nginx both do), believed only from
+a ``--trusted-proxy`` (``web.proxies``): from anyone else that header is ignored. The confirmation page sets
 ``<meta name="referrer" content="same-origin">``, since the manager's ``Referrer-Policy:
 no-referrer`` would make the browser send ``Origin: null``: Fetch standard, "append a request
 Origin header"). After a success the overview says so once (the ``NOTICE`` cookie).
@@ -28,6 +27,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from oomguard.manager.store import Store
 from oomguard.manager.web.deps import SettingsDep, StoreDep, admin_ok, db_read, db_write
 from oomguard.manager.web.pages import SessionCookie, form_fields, missing_node, page, viewer_pages
+from oomguard.manager.web.proxies import forwarded_host
 from oomguard.nodes import is_valid_node_name
 
 NOTICE = "oomguard_notice"  # a one-shot cookie: the node just forgotten, shown once on the overview
@@ -57,14 +57,17 @@ def _authority(netloc: str, scheme: str) -> str:
 
 def same_origin(request: Request) -> bool:
     """No ``Origin`` (not a browser), or one whose host and port are this request's Host or, behind
-    a proxy that rewrites Host, its ``X-Forwarded-Host`` (the first, as the client sent it)."""
+    a trusted proxy that rewrites Host, its ``X-Forwarded-Host`` (the first, as the client sent it)."""
     origin = request.headers.get("origin")
     if origin is None:
         return True
-    parts = urllib.parse.urlsplit(origin)
+    try:
+        parts = urllib.parse.urlsplit(origin)
+    except ValueError:  # an Origin urlsplit refuses (an unclosed "[")
+        return False
     seen = _authority(parts.netloc, parts.scheme)
-    forwarded = request.headers.get("x-forwarded-host", "").split(",")[0]
-    hosts = {_authority(h, parts.scheme) for h in (request.headers.get("host", ""), forwarded)}
+    candidates = (request.headers.get("host", ""), forwarded_host(request.scope) or "")
+    hosts = {_authority(h, parts.scheme) for h in candidates if h}
     return seen != "" and seen in hosts
 
 

@@ -29,7 +29,6 @@ that have it only, so the Prometheus rule asks the manager's question rather tha
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from oomguard.manager.alerts import DEFAULT_LINE, working_set_ratio
+from oomguard.manager.store import text
 
 GAUGES = (
     ("oomguard_memory_effective_bytes", "effective_bytes", "The hard memory ceiling of the node's worker."),
@@ -66,7 +66,7 @@ def node_info(rows: list[dict[str, Any]]) -> Metric:
     """``oomguard_node_info{node, <labels>} 1``: each node's latest labels, on this one series."""
     info = Metric("oomguard_node_info", "The node's latest labels (value 1), to join on node.", "gauge")
     for r in rows:
-        labels = json.loads(r["labels"]) if r.get("labels") else {}
+        labels = text.loads(r["labels"]) if r.get("labels") else {}  # text an older manager kept too
         named = {("exported_node" if k == "node" else k): str(v) for k, v in labels.items()}
         info.add_sample("oomguard_node_info", {"node": r["name"], **named}, 1.0)
     return info

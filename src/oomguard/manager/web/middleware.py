@@ -7,7 +7,11 @@ the API, and the security headers every answer carries.
   (so the client sees a status, not a connection reset); a body not received within
   ``body_timeout_s`` gets 408 and the connection is closed (a client that trickles its body
   cannot hold it open); an API body that is not strict JSON (``oomguard.manager.bodies``) gets 422
-  before any route or validator sees it.
+  before any route or validator sees it. A GET, HEAD or OPTIONS request that announces a body
+  (``Content-Length`` above 0, or any ``Transfer-Encoding``) gets 400 and the connection is closed,
+  before anything reads it: such a body has no meaning (RFC 9110, section 9.3.1: "content received
+  in a GET request has no generally defined semantics ... and might lead some implementations to
+  reject the request"), and reading it would let the client hold the connection.
 - ``Headers``: the Content-Security-Policy forbids inline script and style, and anything from
   another origin.
 """
@@ -23,6 +27,7 @@ from fastapi.responses import JSONResponse
 
 from oomguard.manager.bodies import parse_strict
 
+BODYLESS = ("GET", "HEAD", "OPTIONS")
 DRAIN_FACTOR = 16  # read at most this many times the cap before answering 413
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -95,6 +100,14 @@ async def _read_capped(receive: Receive, cap: int, timeout_s: float) -> tuple[by
     return b"".join(chunks), too_big
 
 
+def announces_body(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's headers (lower-case names, as h11 and ASGI give them) say a body follows."""
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
 class BodyLimit:
     """Buffer the body up to the cap, within the deadline; 413, 408 or (API) 422 when it does not do."""
 
@@ -119,7 +132,15 @@ class BodyLimit:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] in BODYLESS:
+            if announces_body(scope.get("headers", ())):
+                detail = f"a {scope['method']} request may not carry a body"
+                no_body = JSONResponse({"detail": detail}, status_code=400, headers={"Connection": "close"})
+                await no_body(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         read = await _read_capped(receive, self.max_body, self.body_timeout_s)

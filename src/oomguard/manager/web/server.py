@@ -2,42 +2,69 @@
 
 - File descriptors: the soft RLIMIT_NOFILE is raised to the hard limit at start (getrlimit(2):
   an unprivileged process may raise its soft limit up to the hard one); the connection cap stays
-  below it, so the manager always has descriptors left for its database and its own files.
-- A connection cap (``--max-connections``, uvicorn's ``limit_concurrency``): above it a request
-  gets 503 at once, and a connection that has not sent its request is closed after
-  ``OVERLOAD_TIMEOUT_S`` instead of ``header_timeout_s``.
-- Incomplete requests time out: uvicorn (0.54) starts its keep-alive timer only after a
-  response, so a connection that never completes its headers would be held for ever;
-  ``GuardedH11Protocol`` closes it after ``header_timeout_s`` (with 408 when some bytes came). A
-  body that trickles is cut off by the ``BodyLimit`` middleware (408).
+  ``FD_RESERVE`` below it (``connection_cap``), so the manager always has descriptors left for
+  its database, its logs and the ``OVERFLOW_SLOTS`` connections that get a 503.
+- Fair connections (``web.connections``): each client (peer address; an IPv6 /64) may hold at
+  most ``per_client_cap`` connections, at most half the global cap (``DEFAULT_PER_CLIENT`` by
+  default), and all clients together ``max_connections + OVERFLOW_SLOTS``; over either, a new
+  connection is closed as it is accepted. A trusted proxy's address (``trusted_proxies``) has
+  only the global cap: it carries many clients, and at accept time no forwarded address is known.
+- The 503 cap (``--max-connections``, uvicorn's ``limit_concurrency``): above it a request gets
+  503 at once, and a connection that has not sent its request is closed after
+  ``protocol.OVERLOAD_TIMEOUT_S`` instead of ``header_timeout_s``.
+- Deadlines for every connection and method (``protocol.GuardedH11Protocol``): uvicorn (0.54) starts its
+  keep-alive timer only after a response and cancels it on any byte, even a byte of a body it will
+  never read; so a connection's headers must arrive within ``header_timeout_s`` (408 when some
+  bytes came), its body within ``body_timeout_s`` (+ ``BODY_GRACE_S``, so that ``BodyLimit``'s
+  408 comes first when the app is reading) whatever the method and whether or not an answer went
+  out already, and a connection idle between requests is closed after ``keep_alive_s``. A GET,
+  HEAD or OPTIONS request that announces a body gets 400 and the connection is closed as soon as
+  its headers are in, before any app code runs (``protocol.BodylessGuard``; ``middleware.BodyLimit`` has
+  the same rule for the app run by any other server).
+- ``X-Forwarded-*`` are not uvicorn's to believe (``proxy_headers=False``): ``web.proxies``
+  believes them from ``trusted_proxies`` only.
 - Logs: one line per message, passwords and tokens masked (``RedactingFormatter``), and each kind
   of message at most ``LOG_BURST`` times a minute (``RateLimitFilter``; the next one that passes
-  says how many were dropped). A flood of bad requests cannot fill the disk.
+  says how many were dropped). A flood of bad requests cannot fill the disk. Running out of
+  descriptors while accepting (EMFILE) is one such line, not asyncio's traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
 import resource
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+import uvicorn
 
 from oomguard.errors import UsageError
 from oomguard.manager.redact import RedactingFormatter, Redactor
+from oomguard.manager.settings import PER_CLIENT_DEFAULT
+from oomguard.manager.web.connections import OUT_OF_DESCRIPTORS, Admission, GuardedListener
+from oomguard.manager.web.protocol import BODY_TIMEOUT_S, guarded_protocol
+from oomguard.manager.web.proxies import Network
 
 NR_OPEN_DEFAULT = 1_048_576  # Linux's fs.nr_open default: the most a soft limit can be when hard is unlimited
-FD_RESERVE = 128  # descriptors kept for the database, logs and files when the cap is clamped
-OVERLOAD_TIMEOUT_S = 1.0
+FD_RESERVE = 128  # descriptors kept for the database, logs, files and OVERFLOW_SLOTS when the cap is clamped
+OVERFLOW_SLOTS = 32  # connections accepted above the 503 cap, to tell them 503 at once
+# One client (address) may hold this many connections (the default is the settings', one definition):
+# an agent holds one, a browser at most 6 per host (HTTP/1.1; Chromium's and Firefox's per-host
+# pool), a few dozen agents share a NAT address, and bench/ingest.py's 50 keep-alive clients fit; a
+# fifteenth of the default cap (1000), so one address leaves the others 936 of it, and 832 of the
+# 896 that a 1,024 descriptor limit gives.
+DEFAULT_PER_CLIENT = PER_CLIENT_DEFAULT
+KEEP_ALIVE_S = 5.0  # an idle connection between requests is closed after this
 LOG_BURST = 20
+EMFILE_LOG_EVERY_S = 10.0
 LOG_WINDOW_S = 60.0
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_log = logging.getLogger("oomguard.manager.connections")
 
 
 def raise_nofile() -> int:
@@ -54,6 +81,12 @@ def raise_nofile() -> int:
 def connection_cap(requested: int, nofile: int) -> int:
     """*requested*, or less when the descriptor limit would not leave FD_RESERVE free."""
     return max(8, min(requested, nofile - FD_RESERVE))
+
+
+def per_client_cap(per_client: int, global_cap: int) -> int:
+    """*per_client*, at most half of *global_cap* (and at least 1): one client never holds more
+    than half of the connections, whatever the flags say."""
+    return max(1, min(per_client, global_cap // 2))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -75,55 +108,47 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each request's headers."""
+class AcceptFailed:
+    """The event loop's exception handler: running out of descriptors (or memory) in ``accept()``
+    is one warning line at most every ``every_s`` (with how many times it happened since the last
+    line), not asyncio's traceback for each ("socket.accept() out of system resource", which
+    ``BaseSelectorEventLoop._accept_connection`` reports, then retries after
+    ``asyncio.constants.ACCEPT_RETRY_DELAY`` = 1 s); anything else goes to asyncio's default."""
 
-    header_timeout_s = 10.0
+    def __init__(self, every_s: float = EMFILE_LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self.last = -every_s
+        self.since = 0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._header_timer: Any = None
-
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self._awaiting_headers():
-            self._arm()  # a deadline from the first byte of a request, not renewed by each byte
-        else:
-            self._disarm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _awaiting_headers(self) -> bool:
-        return self.conn.their_state is h11.IDLE and not self.transport.is_closing()
-
-    def _arm(self) -> None:
-        if self._header_timer is None:
-            limit = self.limit_concurrency
-            over = limit is not None and len(self.connections) > limit
-            timeout = OVERLOAD_TIMEOUT_S if over else self.header_timeout_s
-            self._header_timer = self.loop.call_later(timeout, self._timed_out)
-
-    def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _timed_out(self) -> None:
-        self._header_timer = None
-        if self._awaiting_headers():
-            if self.conn.trailing_data[0]:  # part of a request came: say why it is closed
-                self.transport.write(_408)
-            self.transport.close()
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        accept = "accept" in str(context.get("message"))
+        if not (accept and isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            self.since += 1
+            return
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        more = f"; {self.since} more since the last line" if self.since else ""
+        _log.warning("cannot accept connections (%s: %s); new connections wait 1 s%s", name, exc.strerror, more)
+        self.last, self.since = now, 0
 
 
-def guarded_protocol(header_timeout_s: float) -> type[GuardedH11Protocol]:
-    return type("GuardedH11", (GuardedH11Protocol,), {"header_timeout_s": header_timeout_s})
+class GuardedServer(uvicorn.Server):
+    """uvicorn's server on guarded listening sockets (``connections.GuardedListener``), with
+    ``AcceptFailed`` as its loop's exception handler. Sockets must be passed to ``run``/``serve``."""
+
+    def __init__(self, config: uvicorn.Config, admission: Admission) -> None:
+        super().__init__(config)
+        self.admission = admission
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(AcceptFailed())
+        if sockets is not None:
+            sockets = [GuardedListener.wrap(s, self.admission) for s in sockets]
+        await super().startup(sockets=sockets)
 
 
 class RateLimitFilter(logging.Filter):
@@ -176,26 +201,58 @@ def logging_config(redactor: Redactor) -> dict[str, Any]:
 
 
 def build_server(
-    app: Any, *, max_connections: int, header_timeout_s: float, redactor: Redactor | None, log: bool = True
-) -> Any:
-    """The uvicorn server (``log=False`` leaves the process's logging as it is: tests in-process)."""
-    import uvicorn
-
+    app: Any,
+    *,
+    max_connections: int,
+    header_timeout_s: float,
+    redactor: Redactor | None,
+    log: bool = True,
+    per_client_connections: int = DEFAULT_PER_CLIENT,
+    trusted_proxies: Sequence[Network] = (),
+    body_timeout_s: float | None = None,
+    keep_alive_s: float = KEEP_ALIVE_S,
+) -> GuardedServer:
+    """The uvicorn server (``log=False`` leaves the process's logging as it is: tests in-process).
+    *max_connections* is the 503 cap (already fitted to the descriptor limit: ``connection_cap``);
+    *body_timeout_s* defaults to the app's ``state.settings.body_timeout_s`` when it has one."""
+    if body_timeout_s is None:
+        settings = getattr(getattr(app, "state", None), "settings", None)
+        body_timeout_s = float(getattr(settings, "body_timeout_s", BODY_TIMEOUT_S))
     config = uvicorn.Config(
         app,
-        http=guarded_protocol(header_timeout_s),
+        http=guarded_protocol(header_timeout_s, body_timeout_s),
         limit_concurrency=max_connections,
-        timeout_keep_alive=5,
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
+        proxy_headers=False,
         log_config=logging_config(redactor or Redactor()) if log else None,
         access_log=False,
         timeout_graceful_shutdown=10,
         lifespan="on",
     )
-    return uvicorn.Server(config)
-
-
-def serve(app: Any, sock: socket.socket, *, max_connections: int, header_timeout_s: float, redactor: Redactor) -> None:
-    """Run uvicorn on *sock* until stopped (SIGINT, SIGTERM)."""
-    build_server(app, max_connections=max_connections, header_timeout_s=header_timeout_s, redactor=redactor).run(
-        sockets=[sock]
+    admission = Admission(
+        per_client_cap(per_client_connections, max_connections), max_connections + OVERFLOW_SLOTS, trusted_proxies
     )
+    return GuardedServer(config, admission)
+
+
+def serve(
+    app: Any,
+    sock: socket.socket,
+    *,
+    max_connections: int,
+    header_timeout_s: float,
+    redactor: Redactor,
+    per_client_connections: int = DEFAULT_PER_CLIENT,
+    trusted_proxies: Sequence[Network] = (),
+    body_timeout_s: float | None = None,
+) -> None:
+    """Run uvicorn on *sock* until stopped (SIGINT, SIGTERM)."""
+    build_server(
+        app,
+        max_connections=max_connections,
+        header_timeout_s=header_timeout_s,
+        redactor=redactor,
+        per_client_connections=per_client_connections,
+        trusted_proxies=trusted_proxies,
+        body_timeout_s=body_timeout_s,
+    ).run(sockets=[sock])

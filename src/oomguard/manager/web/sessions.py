@@ -7,9 +7,12 @@ new viewer token ends every session. ``POST /logout`` revokes the cookie's id un
 (kept in this process: with replicas, a revoked cookie stays valid on the others until it
 expires).
 
-``FailureLimiter``: each client (its address as uvicorn sees it, the proxy's
-``X-Forwarded-For`` when trusted) has a bucket of ``burst`` failed attempts, refilled one per
-``refill_s``; while it is empty, that client's logins and bearer requests get 429 at once.
+``FailureLimiter``: failed tokens are counted twice, in the client's bucket (its address: the
+peer's, or what a trusted proxy forwarded, ``web.proxies``) of ``burst`` failures refilled one
+per ``refill_s``, and in one global bucket of ``global_per_minute`` failures refilled at that rate,
+so that rotating addresses does not escape. Only failures are limited: the caller checks the
+token first, and a valid one always passes, so a bad client cannot lock out a good one on the
+same address; a failure while either bucket is empty is answered 429 instead of 401.
 """
 
 from __future__ import annotations
@@ -75,30 +78,49 @@ class Sessions:
 
 
 class FailureLimiter:
-    """Failed attempts per client: a token bucket of *burst*, one more every *refill_s* seconds."""
+    """Failed attempts: per client a token bucket of *burst*, one more every *refill_s* seconds;
+    across all clients one of *global_per_minute*, refilled at that rate."""
 
-    def __init__(self, burst: int, refill_s: float) -> None:
+    def __init__(self, burst: int, refill_s: float, global_per_minute: int = 120) -> None:
         self.burst = burst
         self.refill_s = refill_s
+        self.global_burst = global_per_minute
+        self.global_refill_s = 60.0 / global_per_minute
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (tokens, at)
+        self._global: tuple[float, float] | None = None  # (tokens, at); None: full
         self._lock = threading.Lock()
 
     def _tokens(self, client: str, now: float) -> float:
         tokens, at = self._buckets.get(client, (float(self.burst), now))
         return min(float(self.burst), tokens + (now - at) / self.refill_s)
 
+    def _global_tokens(self, now: float) -> float:
+        tokens, at = self._global or (float(self.global_burst), now)
+        return min(float(self.global_burst), tokens + (now - at) / self.global_refill_s)
+
+    @staticmethod
+    def _wait(tokens: float, refill_s: float) -> int:
+        return 0 if tokens >= 1 else max(1, int((1 - tokens) * refill_s + 0.999))
+
     def retry_after(self, client: str, now: float | None = None) -> int:
-        """0 when *client* may try; else the seconds until it may."""
+        """0 while *client*'s own bucket has a failure left; else the seconds until it has. (The
+        global bucket is not consulted: a flood from elsewhere must not turn anyone away before
+        their token is checked; ``failed`` applies both.)"""
         t = time.monotonic() if now is None else now
         with self._lock:
             tokens = self._tokens(client, t) if client in self._buckets else float(self.burst)
-        return 0 if tokens >= 1 else max(1, int((1 - tokens) * self.refill_s + 0.999))
+        return self._wait(tokens, self.refill_s)
 
-    def failed(self, client: str, now: float | None = None) -> None:
+    def failed(self, client: str, now: float | None = None) -> int:
+        """Count a failed attempt of *client*: 0 when it was within both allowances (answer 401),
+        else the seconds to wait (answer 429)."""
         t = time.monotonic() if now is None else now
         with self._lock:
-            tokens = self._tokens(client, t)
+            tokens, shared = self._tokens(client, t), self._global_tokens(t)
+            wait = max(self._wait(tokens, self.refill_s), self._wait(shared, self.global_refill_s))
             self._buckets[client] = (max(tokens - 1, 0.0), t)
             self._buckets.move_to_end(client)
+            self._global = (max(shared - 1, 0.0), t)
             while len(self._buckets) > MAX_CLIENTS:
                 self._buckets.popitem(last=False)
+        return wait

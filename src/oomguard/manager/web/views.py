@@ -25,7 +25,7 @@ from oomguard.manager.bodies import label_filter
 from oomguard.manager.reportschema import conform_report
 from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS
 from oomguard.manager.web.chart import RANGES, memory_chart
-from oomguard.manager.web.deps import SettingsDep, StoreDep, checked, client_of, db_read, token_ok
+from oomguard.manager.web.deps import SettingsDep, StoreDep, client_of, db_read, token_ok
 from oomguard.manager.web.forget import NOTICE
 from oomguard.manager.web.formatting import ALERTS_PAGE, ALERTS_SHOWN
 from oomguard.manager.web.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
@@ -223,11 +223,11 @@ async def login(request: Request, settings: SettingsDep) -> Response:
     form = await form_fields(request)
     token = form.get("token", "").strip()
     target = _safe_next(form.get("next", "/"))
-    limiter: FailureLimiter = request.app.state.limiter
-    wait = limiter.retry_after(client_of(request))
-    if wait:
-        return _login_page(target, f"Too many failed attempts; try again in {wait} s.", 429, wait)
-    if not checked(request, lambda: token_ok(settings.viewer_token, token)):
+    if not token_ok(settings.viewer_token, token):  # a right token always passes (issue 22)
+        limiter: FailureLimiter = request.app.state.limiter
+        wait = limiter.failed(client_of(request))
+        if wait:
+            return _login_page(target, f"Too many failed attempts; try again in {wait} s.", 429, wait)
         return _login_page(target, "That token is not valid.")  # the form again: no cookie is set
     sessions: Sessions = request.app.state.sessions
     response = RedirectResponse(target, status_code=303)
