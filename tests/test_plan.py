@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oomguard import Shape, make_plan
-from oomguard.errors import UsageError
+from oomguard.errors import BadParameter, UsageError
 from oomguard.policy.profiles import load_profiles, profile_values
 from tests.conftest import REPO, run_oomguard
 from tests.helpers.trees import make_tree
@@ -438,3 +438,11 @@ def test_the_plan_is_in_the_contract(tmp_path: Path) -> None:
     report["extra"] = 1  # type: ignore[typeddict-unknown-key]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(report, schema)
+
+
+@pytest.mark.parametrize("cpus", [1e-320, 0.0009, 1e6 + 1, float("nan"), float("inf"), 0.0, -1.0])
+def test_a_library_shape_takes_cpus_per_job_in_the_same_range_as_the_flag(cpus: float) -> None:
+    """Before, ``Shape(cpus_per_job=1e-320)`` passed and planning it overflowed (CPUs / 1e-320)."""
+    with pytest.raises(BadParameter, match=r"cpus_per_job: must be from 0\.001 to 1e\+06"):
+        Shape(per_job=GiB, cpus_per_job=cpus)
+    assert Shape(per_job=GiB, cpus_per_job=0.001).cpus_per_job == 0.001

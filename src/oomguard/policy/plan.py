@@ -21,6 +21,11 @@ from oomguard.errors import BadParameter
 from oomguard.report import add_warning
 from oomguard.units import format_size
 
+# A shape's cpus_per_job (--cpus-per-job, a profile's): a millicore (Kubernetes' smallest CPU unit)
+# at least, so that CPUs / cpus_per_job stays a finite number of jobs, and at most a million CPUs.
+CPUS_MIN = 0.001
+CPUS_MAX = 1e6
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import PinMethod, Plan, PlanCapacity, PlanShape, Report, WarningEntry
@@ -85,8 +90,8 @@ class Shape:
             raise BadParameter("per_job", "must be above 0")
         if max_jobs is not None and max_jobs < 0:
             raise BadParameter("max_jobs", "must not be negative")
-        if cpus_per_job is not None and not cpus_per_job > 0:
-            raise BadParameter("cpus_per_job", "must be above 0")
+        if cpus_per_job is not None and not CPUS_MIN <= cpus_per_job <= CPUS_MAX:  # NaN fails too
+            raise BadParameter("cpus_per_job", f"must be from {CPUS_MIN:g} to {CPUS_MAX:g}")
         if pinned_per_job is not None and pinned_per_job <= 0:
             raise BadParameter("pinned_per_job", "must be above 0")
         if gpu_per_job is not None and gpu_per_job <= 0:

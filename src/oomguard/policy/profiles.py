@@ -19,14 +19,11 @@ import os
 import sys
 
 from oomguard.errors import BadParameter, UsageError
+from oomguard.policy.plan import CPUS_MAX, CPUS_MIN
 from oomguard.sources.files import MAX_DEPTH, loads_json, read_bounded, too_deep
 from oomguard.units import MAX_SIZE, MAX_SIZE_TEXT, parse_size
 
 MAX_BYTES = 1 << 20  # a profiles file holds a few hundred bytes per profile
-# --cpus-per-job and a profile's cpus_per_job: a millicore (Kubernetes' smallest CPU unit) at least, so
-# that CPUs / cpus_per_job stays a finite number of jobs, and at most a million CPUs.
-CPUS_MIN = 0.001
-CPUS_MAX = 1e6
 
 SIZE_FIELDS = ("per_job", "baseline", "pinned_per_job", "pinned_baseline", "gpu_per_job")
 # Where the built-in profiles live, for messages: read through the package's loader (pkgutil), not
