@@ -267,7 +267,7 @@ def measure(url: str, label: str, opts: argparse.Namespace, *, loaded: bool = Fa
     n_nodes, runs = opts.nodes, opts.runs
     if loaded:
         print(f"  {label}: the fleet loaded earlier is measured as it is (--keep)", file=sys.stderr)
-        seconds = 0.0
+        seconds: float | None = None
     else:
         seconds = populate(url, n_nodes)
     if opts.keep and not loaded:
@@ -280,7 +280,8 @@ def measure(url: str, label: str, opts: argparse.Namespace, *, loaded: bool = Fa
     lines = measure_pages(url, n_nodes, runs)
     print(
         f"{label}: {n_nodes} nodes, {n_nodes * 839} history rows, {n_nodes // 10 * 3} OOM events, "
-        f"{n_nodes // 50 * 3} pressure stops (populated in {seconds:.0f} s)"
+        f"{n_nodes // 50 * 3} pressure stops "
+        + ("(loaded before: --keep)" if seconds is None else f"(populated in {seconds:.0f} s)")
     )
     for name, xs, goal in lines:
         med = statistics.median(xs)
