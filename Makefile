@@ -41,13 +41,14 @@ deps system-deps:
 	bash scripts/system-deps.sh
 
 # The suite without the parts that need the VM, real container runtimes, PostgreSQL or a browser
-# (markers: tests/conftest.py, CONTRIBUTING.md), and without lint and type checks: the quick loop.
+# (markers: tests/conftest.py, CONTRIBUTING.md), without the tests marked slow (over 1.5 s each
+# here), and without lint and type checks: the quick loop. `make test` runs them all.
 # Spread over one pytest-xdist worker per CPU (a module stays on one worker: its fixtures are set up
 # once), with a tenth of the property tests' examples (tests/helpers/fuzz.py).
 FAST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 test-fast: $(STAMP)
 	OOMGUARD_TEST_FAST=1 $(BIN)/python -m pytest -q -n $(FAST_WORKERS) --dist loadfile \
-		-m "not vm and not runtimes and not postgres and not browser" $(PYTEST_ARGS)
+		-m "not vm and not runtimes and not postgres and not browser and not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools

@@ -49,6 +49,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
 
 
+# The fifth marker, ``slow``, is given by hand to a test that takes over SLOW_S on its own here
+# (`make test-fast` leaves those out). Which tests those are drifts as the suite changes: a run
+# lists at its end the tests that took twice that and that the quick loop would run (none of the
+# five markers): a list, never a failure (speed is measured by bench/, not asserted by tests).
+SLOW_S = 1.5
+FAST_LEAVES_OUT = ("vm", "runtimes", "postgres", "browser", "slow")  # the Makefile's test-fast -m
+_unmarked_s: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not any(m in report.keywords for m in FAST_LEAVES_OUT):  # setup, call and teardown, summed
+        _unmarked_s[report.nodeid] = _unmarked_s.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    over = sorted(((s, n) for n, s in _unmarked_s.items() if s > 2 * SLOW_S), reverse=True)
+    if over:
+        terminalreporter.section(f"over {2 * SLOW_S:g} s and in make test-fast: mark them slow (pyproject.toml)")
+        for seconds, nodeid in over:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+
+
 def run_oomguard(*args: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run ``python -m oomguard`` from the checkout, as a user would (*kw*: more of subprocess.run's)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}

@@ -115,6 +115,7 @@ def test_docs_render_every_operation_offline_under_the_csp(browser: Browser, ser
     assert traffic.outside == [] and any(u.endswith("/docs/assets/swagger-ui-bundle.js") for u in traffic.seen)
 
 
+@pytest.mark.slow
 def test_docs_keep_the_csp_of_every_page(server: ManagerProcess) -> None:
     """The same policy as the dashboard's: no inline script, nothing from elsewhere."""
     csp = {}

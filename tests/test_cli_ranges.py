@@ -278,6 +278,7 @@ def _fuzz_settings() -> settings:
 
 
 @pytest.mark.parametrize("command", FUZZED)
+@pytest.mark.slow
 def test_no_traceback_and_no_hang_from_any_flags(command: str, hostile: dict[str, str], tmp_path: Path) -> None:
     assert _options(command)  # the parser was read
 

@@ -118,6 +118,7 @@ def test_auto_refresh_without_reload_and_phone_width(browser: Browser, server: M
     assert not watch.errors, watch.errors
 
 
+@pytest.mark.slow
 def test_pages_send_a_csp_that_forbids_inline_script(server: ManagerProcess) -> None:
     req = urllib.request.Request(server.url + "/login")
     with urllib.request.urlopen(req, timeout=10) as r:

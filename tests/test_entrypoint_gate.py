@@ -435,6 +435,7 @@ def _nothing_refused(tmp_path: Path, what: str) -> None:
     assert not refused, f"the manager refused {what}: {[r['why'] for r in refused]}"
 
 
+@pytest.mark.slow
 def test_a_refused_node_is_seen_by_the_real_manager(group: Group, real_manager: Any, tmp_path: Path) -> None:
     from tests.manager_helpers import AGENT
 
@@ -454,6 +455,7 @@ def test_a_refused_node_is_seen_by_the_real_manager(group: Group, real_manager: 
     assert "reported to the manager" in proc.stderr
 
 
+@pytest.mark.slow
 def test_labels_reach_the_real_manager(group: Group, real_manager: Any, tmp_path: Path) -> None:
     from tests.manager_helpers import AGENT
 

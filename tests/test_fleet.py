@@ -49,6 +49,7 @@ def node(url: str, name: str) -> dict:  # type: ignore[type-arg]
         return json.loads(r.read())  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_agent_spools_while_the_manager_is_down_then_replays_once(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'fleet.db'}"
     server = ManagerProcess(db)
@@ -87,6 +88,7 @@ def test_agent_spools_while_the_manager_is_down_then_replays_once(tmp_path: Path
         server.stop()
 
 
+@pytest.mark.slow
 def test_run_sends_its_events_to_the_manager(tmp_path: Path) -> None:
     server = ManagerProcess(f"sqlite:///{tmp_path / 'fleet.db'}").start()
     try:
@@ -128,6 +130,7 @@ def test_manager_without_the_extra_says_what_to_install() -> None:
     )
 
 
+@pytest.mark.slow
 def test_manager_refuses_a_public_address_without_tokens(tmp_path: Path) -> None:
     proc = oomguard(
         "manager", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--host", "0.0.0.0", "--port", str(free_port())
@@ -153,6 +156,7 @@ schema.config.phases.coverage.enabled = not FAST
 
 @schema.parametrize()
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.slow
 def test_api_never_answers_5xx(case: schemathesis.Case[Any]) -> None:
     case.call_and_validate(checks=[not_a_server_error])
 

@@ -405,6 +405,7 @@ def problems(dash: dict[str, Any], scraped: dict[str, Labels], parser: Any = pro
     return found
 
 
+@pytest.mark.slow
 def test_every_query_asks_for_metrics_and_labels_that_exist(scrape: dict[str, Labels]) -> None:
     for name in ("oomguard_memory_working_set_bytes", "oomguard_memory_usage_bytes", "oomguard_node_up"):
         assert "node" in scrape.get(name, ()), f"{name}{{node}} is not on /metrics"
@@ -571,6 +572,7 @@ def prometheus(fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         proc.wait(30)
 
 
+@pytest.mark.slow
 def test_a_real_prometheus_answers_every_query(prometheus: str) -> None:
     """Every query as Grafana would send it ($node: All), evaluated by Prometheus itself over what it
     scraped from the manager: each one parses and returns at least one series."""

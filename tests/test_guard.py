@@ -375,6 +375,7 @@ def test_a_worker_that_ignores_sigterm_gets_sigkill_after_the_stop_timeout(tmp_p
     assert (ev[1]["reason"], ev[1]["signal"], ev[1]["duration_s"] < 10) == ("pressure-stop", 9, True)
 
 
+@pytest.mark.slow
 def test_isolated_on_v2_memory_high_then_a_stall_stop(tmp_path: Path) -> None:
     """--budget 256MiB --isolate: a 512 MiB group; at the budget memory.high; 2 s of full stall over a 1 s limit."""
     tree = cgroup_tree(tmp_path / "tree", 2, 2 * GiB, extra={"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
@@ -471,6 +472,7 @@ def run_in(g: Group, tmp_path: Path, *args: str, upto: str = str(2 * GiB), mode:
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_without_the_guard_the_kernel_kills_with_it_the_worker_is_stopped(group: Group, tmp_path: Path) -> None:
     rc, ev = run_in(group, tmp_path, "--restart", "never")
     assert rc == 137 and (ev[1]["reason"], ev[1]["oom_kills"]) == ("oom-kill", 1)
@@ -485,6 +487,7 @@ def test_without_the_guard_the_kernel_kills_with_it_the_worker_is_stopped(group:
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_on_pressure_sigusr1_lets_the_worker_shed_load_and_live(group: Group, tmp_path: Path) -> None:
     # 512 MiB: budget 256 MiB; the worker grows past it, gets SIGUSR1, frees all but 64 MiB, ends well.
     rc, ev = run_in(group, tmp_path, "--restart", "never", "--guard", "--on-pressure", "SIGUSR1", mode="shed")
@@ -496,6 +499,7 @@ def test_on_pressure_sigusr1_lets_the_worker_shed_load_and_live(group: Group, tm
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_a_pressure_stop_steps_concurrency_down_on_a_real_group(group: Group, tmp_path: Path) -> None:
     # 3 jobs of 80 MiB planned in the 256 MiB budget; each really takes 150 MiB: 450 MiB is stopped, 300 fits.
     upto = "int(env['OOMGUARD_CONCURRENCY']) * 150 * 2**20"
@@ -721,6 +725,7 @@ while True:
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_the_kernel_s_wake_up_stops_a_fast_grower_whose_group_is_full_of_page_cache(
     group: Group, tmp_path: Path
 ) -> None:

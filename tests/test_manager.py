@@ -83,6 +83,7 @@ def test_ingest_list_detail_and_idempotency(client: TestClient) -> None:
     assert client.get("/api/v1/nodes/nope", headers=VIEWER_H).status_code == 404
 
 
+@pytest.mark.slow
 def test_filters_sorting_and_paging(client: TestClient) -> None:
     small = fixture_report("docker_v2_private_ns_limit_512m")
     for i in range(12):
@@ -293,6 +294,7 @@ def test_the_tables_are_the_head_revisions(db_url: str) -> None:
     engine.dispose()
 
 
+@pytest.mark.slow
 def test_oversized_body_gets_413_on_the_wire(db_url: str) -> None:
     server = ManagerProcess(db_url, "--max-body", "4KiB").start()
     try:
@@ -306,6 +308,7 @@ def test_oversized_body_gets_413_on_the_wire(db_url: str) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 def test_kill_9_loses_no_acknowledged_report(db_url: str) -> None:
     server = ManagerProcess(db_url).start()
     acked: list[str] = []

@@ -149,6 +149,7 @@ def test_the_app_refuses_a_body_on_get_too(tmp_path: Path) -> None:
         assert c.get("/healthz").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_body_left_unread_after_the_answer_has_a_deadline(live: LiveServer) -> None:
     """A POST refused before its body is read (a Host not allowed): uvicorn's keep-alive timer is
     cancelled by each byte of the unread body, so the body's own deadline must close it."""
@@ -158,6 +159,7 @@ def test_a_body_left_unread_after_the_answer_has_a_deadline(live: LiveServer) ->
     assert got.startswith(b"HTTP/1.1 400") and 1.0 < after < 1.0 + BODY_GRACE_S + 1.5, (got[:60], after)
 
 
+@pytest.mark.slow
 def test_an_idle_connection_between_requests_is_closed_after_the_keep_alive(live: LiveServer) -> None:
     with live.connect(ATTACKER) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
@@ -190,6 +192,7 @@ build_server(app, max_connections=500, header_timeout_s=1.0, redactor=None).run(
 """
 
 
+@pytest.mark.slow
 def test_out_of_descriptors_is_one_rate_limited_line_not_a_traceback(tmp_path: Path) -> None:
     """A server whose cap is above its descriptor limit (64): accept() fails with EMFILE."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
@@ -346,6 +349,7 @@ def agents_p99(port: int, body_of: Any, spread_s: float = 3.0) -> tuple[float, l
     [("sqlite", (1024, 1024)), ("postgresql", (1024, 20_000))],
     ids=["sqlite-nofile-1024", "postgresql-nofile-1024-20000"],
 )
+@pytest.mark.slow
 def test_one_client_cannot_take_the_connections_of_the_others(db: str, nofile: tuple[int, int], tmp_path: Path) -> None:
     """One client (ATTACKER) holds 1,500 half-open connections, 1,200 GETs with a body and 2,000
     idle sockets; meanwhile another (OTHER) gets 200 from /healthz and ingest within 1 s each, and
@@ -413,6 +417,7 @@ def test_one_client_cannot_take_the_connections_of_the_others(db: str, nofile: t
     assert "Traceback" not in log and "Too many open files" not in log, log[-3000:]
 
 
+@pytest.mark.slow
 def test_the_flags_set_the_per_client_limit_and_a_trusted_proxy_has_only_the_global_one(tmp_path: Path) -> None:
     """``--max-connections-per-client 4 --trusted-proxy 127.0.0.3/32`` on a real manager: a fifth
     connection from one client is closed at once; a proxy at 127.0.0.3 holds ten and each is served."""

@@ -185,6 +185,7 @@ def test_bad_credential_and_proxy_flags_are_one_line_exit_2(
     assert not (tmp_path / "x.db").exists()  # refused before the database is touched
 
 
+@pytest.mark.slow
 def test_flag_errors_of_a_real_process_are_one_line(tmp_path: Path) -> None:
     cases = [
         (["token", "n1"], {}, "oomguard: error: manager token: needs the fleet secret"),
@@ -312,6 +313,7 @@ def test_a_good_agent_beside_a_bad_client_on_one_address_is_never_429(tmp_path: 
         assert [g for _, g in codes] == [200] * 15  # interleaved, same address: never 429
 
 
+@pytest.mark.slow
 def test_x_forwarded_for_counts_only_from_a_trusted_proxy(live: ManagerProcess) -> None:
     """An untrusted client (127.0.0.9) cannot pick its bucket with X-Forwarded-For; the trusted
     proxy (127.0.0.1) can, each forwarded client in its own bucket."""
@@ -406,6 +408,7 @@ def test_an_agent_with_its_own_token_delivers_and_with_another_nodes_exits_77(
     assert again.returncode == 0 and not list(spool.glob("*.json")), again.stderr
 
 
+@pytest.mark.slow
 def test_the_start_line_warns_about_the_fleet_wide_token(live: ManagerProcess, tmp_path: Path) -> None:
     assert "oomguard: warning: the fleet-wide --agent-token is on: whoever holds it may write any node's" in live.log()
     quiet = ManagerProcess(f"sqlite:///{tmp_path / 'q.db'}", "--fleet-secret", SECRET, tokens=False).start()
@@ -418,6 +421,7 @@ def test_the_start_line_warns_about_the_fleet_wide_token(live: ManagerProcess, t
     assert "fleet-wide" not in quiet.log() and "serving http://127.0.0.1" in quiet.log()
 
 
+@pytest.mark.slow
 def test_6000_wrong_tokens_from_rotating_addresses_draw_429_and_a_right_token_passes(live: ManagerProcess) -> None:
     """The attack: 6,000 wrong tokens, each from its own 127.x address, drew no 429 (the limit was
     per address). The global budget (120 a minute) answers them 429; right tokens pass throughout."""

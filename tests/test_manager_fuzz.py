@@ -61,6 +61,7 @@ def _say_counts() -> Iterator[None]:
     print(f"\nfuzzing: {COUNTS}", file=sys.__stderr__)
 
 
+@pytest.mark.slow
 def test_api_never_answers_5xx(fuzz_app: Any) -> None:
     """Every operation of /openapi.json, with valid and invalid requests (schemathesis's two
     generation modes), against the app on this database. (Driven by hand: schemathesis's lazy
@@ -178,6 +179,7 @@ def admin_client(fuzz_app: Any) -> Iterator[Any]:
 
 @given(steps=st.lists(st.tuples(WRITES, NAMES), min_size=1, max_size=6))
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.slow
 def test_forgetting_nodes_never_gets_5xx(admin_client: Any, steps: list[tuple[str, str]]) -> None:
     admin = {"Authorization": f"Bearer {ADMIN}", "Accept": "application/json"}
     for write, name in steps:

@@ -172,6 +172,7 @@ def test_urls_and_secrets_are_masked() -> None:
     assert "p@ss" not in line and "1" * 20 not in line and ":pw@" not in line and line.count("***") == 3
 
 
+@pytest.mark.slow
 def test_the_cli_masks_the_password_in_its_errors_and_start_line(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
     cmd = [sys.executable, "-m", "oomguard", "manager", "--port", "1"]
@@ -278,6 +279,7 @@ def test_sessions_are_signed_and_expire() -> None:
     assert limiter.retry_after("a", now=10) == 0
 
 
+@pytest.mark.slow
 def test_tokens_from_the_environment_are_stripped_with_a_warning(tmp_path: Path) -> None:
     server = ManagerProcess(
         f"sqlite:///{tmp_path / 'e.db'}",
@@ -312,6 +314,7 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_incomplete_requests_time_out_on_the_wire(live: LiveServer) -> None:
     with live.connect() as idle:  # connects, says nothing
         got, after = until_closed(idle)
@@ -338,6 +341,7 @@ def test_slow_clients_do_not_block_the_others(live: LiveServer) -> None:
             s.close()
 
 
+@pytest.mark.slow
 def test_a_connection_cap_answers_503_at_once(tmp_path: Path) -> None:
     server = ManagerProcess(f"sqlite:///{tmp_path / 'cap.db'}", "--max-connections", "8").start()
     idle = []
@@ -366,6 +370,7 @@ def test_a_connection_cap_answers_503_at_once(tmp_path: Path) -> None:
     assert "at most 8 connections" in server.log()
 
 
+@pytest.mark.slow
 def test_logs_are_rate_limited(tmp_path: Path) -> None:
     from oomguard.manager.web.server import LOG_BURST
 
@@ -382,6 +387,7 @@ def test_logs_are_rate_limited(tmp_path: Path) -> None:
     assert len(server.log()) < 20_000
 
 
+@pytest.mark.slow
 def test_the_soft_file_limit_is_raised_and_the_cap_fits_it(tmp_path: Path) -> None:
     raised = ManagerProcess(f"sqlite:///{tmp_path / 'n.db'}", nofile=(256, 4096)).start()
     try:
@@ -420,6 +426,7 @@ def test_deploy_sets_the_file_limit_and_shows_a_proxy_with_tls_and_timeouts() ->
         assert needed in nginx, needed
 
 
+@pytest.mark.slow
 def test_the_nginx_example_in_front_of_a_real_manager(tmp_path: Path) -> None:
     """deploy/proxy/nginx.conf as shipped (ports, certificate and upstream swapped in): TLS, the
     manager's default Host allow-list through the proxy, no answer for another name, and the
@@ -708,6 +715,7 @@ def test_statement_and_pool_timeouts_are_timeouts(own_pg: PostgresServer) -> Non
 # -- the command line ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_start_line_with_the_url_and_the_database(tmp_path: Path) -> None:
     first = ManagerProcess(f"sqlite:///{tmp_path / 's.db'}").start()
     first.stop()
@@ -718,6 +726,7 @@ def test_one_start_line_with_the_url_and_the_database(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_exit_2_naming_it(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

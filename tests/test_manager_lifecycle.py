@@ -357,6 +357,7 @@ def test_cli_settings_admin_token_and_forget_after(monkeypatch: pytest.MonkeyPat
     assert parsed(admin_token="from-the-flag").admin_token == "from-the-flag"
 
 
+@pytest.mark.slow
 def test_delete_on_the_wire_with_the_admin_token_from_the_environment(tmp_path: Path) -> None:
     import urllib.error
     import urllib.request
@@ -556,6 +557,7 @@ def test_a_bad_heartbeat_interval_is_422(client: TestClient, interval: Any) -> N
     assert r.status_code == 422 and listed(client) == {}
 
 
+@pytest.mark.slow
 def test_the_forwarder_sends_heartbeats_that_are_never_spooled(tmp_path: Path) -> None:
     from oomguard.agent.forwarder import EventForwarder
 

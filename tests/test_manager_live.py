@@ -219,6 +219,7 @@ def test_a_bad_working_set_line_is_one_line_naming_the_flag(bad: str) -> None:
         settings_from(argparse.Namespace(working_set_line=bad))
 
 
+@pytest.mark.slow
 def test_the_real_manager_takes_the_line_from_its_flag(tmp_path: Path) -> None:
     """``oomguard manager --working-set-line 50%`` reaches the Store (create_app), not only Settings."""
     import httpx

@@ -306,6 +306,7 @@ def writes(draw: st.DrawFn) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
 
 @given(case=writes())
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@pytest.mark.slow
 def test_any_text_anywhere_never_gets_a_5xx_on_any_route(client: TestClient, case: Any) -> None:
     node, bodies = case
     for what, body in bodies:

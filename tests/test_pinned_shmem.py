@@ -53,6 +53,7 @@ def test_the_probe_counts_pinned_pages_in_usage_working_set_and_shmem(group: Gro
     assert mem["effective_bytes"] == 512 * MiB
 
 
+@pytest.mark.slow
 def test_verify_cannot_deliver_what_pinned_pages_already_hold(group: Group, tmp_path: Path) -> None:
     verify = f"{PY} -m oomguard verify --no-gpu --budget 300MiB --hold 0.2"
     control = group.run(*verify.split(), env=ENV)  # 300 MiB fits in 512 MiB
@@ -65,6 +66,7 @@ def test_verify_cannot_deliver_what_pinned_pages_already_hold(group: Group, tmp_
     assert group.oom_kills() > before  # the kernel killed a child: the pinned pages held the room
 
 
+@pytest.mark.slow
 def test_the_guard_stops_the_worker_earlier_by_what_is_pinned(group: Group, tmp_path: Path) -> None:
     ev, marker = tmp_path / "ev.jsonl", tmp_path / "m"
     worker = [PY, "-c", PINNER, "192", str(marker), "2048"]

@@ -82,6 +82,7 @@ def test_retention_thins_and_expires_by_receive_time_and_keeps_oom_kills(db_url:
     assert make_store(db_url, clock).thin()["expired_reports"] == 6
 
 
+@pytest.mark.slow
 def test_passes_over_hours_keep_exactly_the_first_report_of_each_node_and_hour(db_url: str) -> None:
     """Passes every 10 minutes for five hours, in batches of 2 nodes and 3 rows, against the rule computed here."""
     start = 1_800_000_000_000 // HOUR_MS * HOUR_MS + 7 * MIN_MS

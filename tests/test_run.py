@@ -333,6 +333,7 @@ def test_stop_timeout_then_sigkill(tmp_path: Path) -> None:
     assert (exit_["reason"], exit_["signal"]) == ("signal", 9)
 
 
+@pytest.mark.slow
 def test_no_zombies_no_orphans_and_a_small_supervisor(tmp_path: Path) -> None:
     grandchild = tmp_path / "grandchild"
     # The worker leaves a grandchild behind, in its own new session (out of the process group), and exits.
@@ -626,6 +627,7 @@ def test_isolation_in_a_fake_v1_tree_and_refusals(tmp_path: Path) -> None:
     assert Isolation.create(bare, MiB, "w", root, fs) == (None, "no memory cgroup is mounted")
 
 
+@pytest.mark.slow
 def test_run_isolates_the_worker_in_the_tree(tmp_path: Path) -> None:
     tree = cgroup_tree(tmp_path / "tree", 2, extra={"sys/fs/cgroup/cgroup.subtree_control": "memory\n"})
     # The worker plays the kernel: its group's memory.peak (the supervisor is its parent, $PPID).
@@ -707,6 +709,7 @@ def run_in(group: Group, tmp_path: Path, *args: str) -> tuple[int, list[dict[str
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_oom_kill_is_classified(group: Group, tmp_path: Path) -> None:
     rc, ev, _ = run_in(group, tmp_path, "--restart", "never", "--", PY, "-c", ALLOC, str(2 * GiB))
     assert rc == 137
@@ -732,6 +735,7 @@ def test_allocating_exactly_the_budget_survives(group: Group, tmp_path: Path) ->
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_a_budget_sized_from_memtotal_is_refused_and_if_allowed_oom_killed(group: Group, tmp_path: Path) -> None:
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     alloc = ["--", PY, "-c", ALLOC, "int(env['OOMGUARD_BUDGET_BYTES'])"]
@@ -744,6 +748,7 @@ def test_a_budget_sized_from_memtotal_is_refused_and_if_allowed_oom_killed(group
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_concurrency_steps_down_until_the_worker_survives(group: Group, tmp_path: Path) -> None:
     # The plan allows 3 jobs of 100 MiB, but each really takes 250 MiB: 3 x 250 > 700 MiB, 2 x 250 fits.
     rc, ev, err = run_in(
@@ -771,6 +776,7 @@ def test_concurrency_steps_down_until_the_worker_survives(group: Group, tmp_path
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_on_oom_margin_lowers_an_auto_budget(group: Group, tmp_path: Path) -> None:
     # Allocates 300 MiB more than its budget: 444 + 300 MiB is OOM-killed, 188 + 300 MiB (one step more margin) fits.
     rc, ev, err = run_in(
@@ -810,6 +816,7 @@ def test_isolate_kills_only_the_worker(group: Group, tmp_path: Path) -> None:
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_a_descendants_oom_kill_steps_concurrency_down(group: Group, tmp_path: Path) -> None:
     """The seed's layout: the worker is a wrapper (a shell); the kernel OOM-kills its child."""
     alloc = tmp_path / "alloc.py"
@@ -855,6 +862,7 @@ def test_a_kill_9_while_another_process_is_oom_killed_is_no_oom_kill(group: Grou
 
 
 @needs_cgroup
+@pytest.mark.slow
 def test_an_oom_kill_of_the_worker_beside_a_living_outsider(group: Group, tmp_path: Path) -> None:
     """Another process in the group (an agent, the entrypoint's shell) that lives on does not blur it."""
     ready = tmp_path / "ready"

@@ -297,6 +297,7 @@ def vmhwm_of(cmd: list[str], after: float) -> int:
 
 
 @needs_v1
+@pytest.mark.slow
 def test_the_peak_of_a_small_worker_is_its_own_vmhwm(group: Group, tmp_path: Path) -> None:
     """Before: ``run -- sleep 1`` said peak 11.2 MiB, the supervisor's pre-exec fork (ru_maxrss)."""
     own = vmhwm_of(["sleep", "1"], 0.5)
@@ -363,6 +364,7 @@ PLAN = (*SHAPE, "--budget", "256MiB", *ONE_RESTART)
 
 
 @needs_v1
+@pytest.mark.slow
 def test_a_neighbours_oom_kill_then_a_kill_9_is_not_the_workers(group: Group, tmp_path: Path) -> None:
     """The order of issue 19: a process that joined the group after the start is OOM-killed; 3 s later the
     worker is killed -9 from outside. Before: an oom-kill of the worker, and concurrency 3 -> 2."""
@@ -388,6 +390,7 @@ def test_a_neighbours_oom_kill_then_a_kill_9_is_not_the_workers(group: Group, tm
 
 
 @needs_v1
+@pytest.mark.slow
 def test_a_neighbours_kill_9_then_the_workers_oom_kill_is_the_workers(group: Group, tmp_path: Path) -> None:
     """The other order: a neighbour of the group is killed -9 from outside; 3 s later the worker is
     OOM-killed. Before: "cannot tell" (one kill, one outsider gone), no step-down of a real OOM kill."""
@@ -414,6 +417,7 @@ def test_a_neighbours_kill_9_then_the_workers_oom_kill_is_the_workers(group: Gro
 
 
 @needs_v1
+@pytest.mark.slow
 def test_a_pressure_stop_for_a_neighbours_memory_does_not_step_the_worker_down(group: Group, tmp_path: Path) -> None:
     """A neighbour holds 200 MiB of the 512 MiB group; the worker grows to the stop line (448 MiB) with
     250 MiB of its own, within its 300 MiB budget. Before: "within its 300 MiB budget", and stepped down."""
@@ -467,6 +471,7 @@ def verify_in(g: Group, *args: str) -> tuple[int, dict[str, Any], str]:
 
 
 @needs_v1
+@pytest.mark.slow
 def test_verify_says_the_groups_peak_and_one_touched_figure(group: Group) -> None:
     """Before: "peak RSS 1.85 GiB" (summed VmHWM) where the group peaked at 1.79 GiB; "touched 1.11 GiB"
     on stderr and "768 MiB of 1.5 GiB touched" on stdout for one run."""

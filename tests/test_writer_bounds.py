@@ -150,6 +150,7 @@ def _hang_and_check(url: str, c: TestClient, committer: GroupCommitter, hang: An
     assert _stored(url, [*acked, blocker, *later]) == dict.fromkeys([*acked, blocker, *later], 1)
 
 
+@pytest.mark.slow
 def test_a_locked_sqlite_file_bounds_the_queue_and_drops_the_503d_writes(tmp_path: Path) -> None:
     db = tmp_path / "locked.db"
     url = f"sqlite:///{db}"

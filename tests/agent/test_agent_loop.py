@@ -441,6 +441,7 @@ def test_an_unreadable_spool_at_start_is_one_line_and_exit_2(manager: FakeManage
 # --- against the real manager ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_once_against_the_real_manager_tells_each_fate_apart(tmp_path: Path) -> None:
     """A real ``oomguard manager`` (SQLite): delivered 0, wrong token 77, wrong URL 78, and a node
     name it would refuse (422 on every report before) is sanitized, said, and stored."""
