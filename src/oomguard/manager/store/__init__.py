@@ -15,6 +15,7 @@
   caller's to check);
 - ``health``: database failures seen by the routes: their kinds, each outage episode logged once;
 - ``growth``: how many nodes were created in the last hour (the new-node cap, shared by replicas);
+- ``overview``: the dashboard overview's answer, kept a few seconds where it is slow to compute;
 - ``text``: stored JSON read back whatever text it holds (a lone surrogate comes back as its escape).
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
 from oomguard.manager.retention import Retention
@@ -32,11 +33,18 @@ from oomguard.manager.store import alerting, queries
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES as DEFAULT_WRITE_QUEUE_BYTES
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
+from oomguard.manager.store.overview import Overview
 from oomguard.manager.store.queries import DEFAULT_SORT, SORT_KEYS
 from oomguard.manager.store.writer import Writer
-from oomguard.manager.times import now_ms
+from oomguard.manager.times import iso_ms, now_ms
 
 HISTORY_POINTS = 500  # the most entries a node's detail carries in ``history`` (a chart's worth)
+
+
+def fleet_size(overview: dict[str, Any]) -> int:
+    """The nodes an overview's answer covers: its cards' counts, every status."""
+    cards = overview["summary"]
+    return sum(int(cards[k]) for k in ("online", "offline", "run_only", "refused", "archived"))
 
 
 class Store:
@@ -59,6 +67,7 @@ class Store:
         self.line = working_set_line  # the working-set alert's line, a share of the effective limit
         self.clock = clock
         self._writer = Writer(engine, clock, working_set_line, write_queue_bytes)
+        self.overview_kept = Overview(clock, fleet_size)
         forget_ms = int(forget_after_s * 1000) if forget_after_s else None
         self.retention = Retention(
             engine, self.retention_ms, forget_after_ms=forget_ms, default_interval_ms=self.default_interval_ms
@@ -77,7 +86,9 @@ class Store:
     async def forget_node(self, name: str) -> bool:
         """Delete the node *name* and all its rows (reports, events); False when there is no such
         node. A later report or event from it starts it anew. The caller checks the admin token."""
-        return await self._writer.forget(name)
+        forgotten = await self._writer.forget(name)
+        self.overview_kept.clear()  # this replica's overview lists it no more
+        return forgotten
 
     def thin(self, now: int | None = None) -> dict[str, int]:
         """One retention pass (see ``oomguard.manager.retention``): the rows it removed, by kind,
@@ -100,18 +111,11 @@ class Store:
         archived), *q* a part of the name, *label* a (key, value) the node's latest labels hold,
         *sort* a key of ``SORT_KEYS`` (``-`` for descending)."""
         with self.engine.connect() as conn:
-            return queries.list_nodes(
-                conn,
-                self.clock(),
-                self.default_interval_ms,
-                status=status,
-                q=q,
-                limit=limit,
-                offset=offset,
-                sort=sort,
-                label=label,
-                line=self.line,
-            )
+            query = {"status": status, "q": q, "limit": limit, "offset": offset, "sort": sort, "label": label}
+            return self._listing(conn, self.clock(), **query)
+
+    def _listing(self, conn: Connection, now: int, **query: Any) -> dict[str, Any]:
+        return queries.list_nodes(conn, now, self.default_interval_ms, line=self.line, **query)
 
     def node_detail(
         self,
@@ -159,16 +163,32 @@ class Store:
         """The overview's alerts: the count of each kind and its first *shown* alerts (the kind
         *show_all*: *page* of them from *start*), ``alerting.alert_groups``."""
         with self.engine.connect() as conn:
-            return alerting.alert_groups(
-                conn,
-                self.clock(),
-                self.default_interval_ms,
-                shown=shown,
-                show_all=show_all,
-                start=start,
-                page=page,
-                line=self.line,
-            )
+            query = {"shown": shown, "show_all": show_all, "start": start, "page": page}
+            return self._alert_groups(conn, self.clock(), **query)
+
+    def _alert_groups(self, conn: Connection, now: int, **query: Any) -> dict[str, Any]:
+        return alerting.alert_groups(conn, now, self.default_interval_ms, line=self.line, **query)
+
+    def overview(self, listing: dict[str, Any], alerts: dict[str, Any]) -> dict[str, Any]:
+        """The dashboard overview, read at one time on one connection: ``listing`` (``list_nodes``
+        of the keywords *listing*), ``alerts`` (``alert_groups`` of the keywords *alerts*),
+        ``summary``; and ``kept``: None when it is the database as it is now, else when it was
+        computed and its age (``overview``: slow answers are kept a few seconds)."""
+        key = (tuple(sorted(listing.items())), tuple(sorted(alerts.items())))
+
+        def compute() -> dict[str, Any]:
+            now = self.clock()
+            with self.engine.connect() as conn:
+                return {
+                    "listing": self._listing(conn, now, **listing),
+                    "alerts": self._alert_groups(conn, now, **alerts),
+                    "summary": queries.summary(conn, now, self.default_interval_ms),
+                }
+
+        value, kept = self.overview_kept.read(key, compute)
+        if kept is not None:
+            kept = {"as_of": iso_ms(kept["computed_ms"]), "age_s": kept["age_s"], "took_s": kept["took_s"]}
+        return {**value, "kept": kept}
 
     def summary(self) -> dict[str, int]:
         with self.engine.connect() as conn:

@@ -88,18 +88,11 @@ async def index(
         wanted = label_filter(label) if label else None
     except ValueError as exc:
         label_error = str(exc)
-    listing = await db_read(
-        request,
-        store.list_nodes,
-        status=status or None,
-        q=q or None,
-        limit=PAGE_SIZE,
-        offset=start,
-        sort=sort,
-        label=wanted,
-    )
-    alerts = await db_read(request, store.alert_groups, ALERTS_SHOWN, show, _offset(alerts_offset), ALERTS_PAGE)
-    summary = await db_read(request, store.summary)
+    listing_query: dict[str, Any] = {"status": status or None, "q": q or None, "label": wanted, "sort": sort}
+    listing_query |= {"offset": start, "limit": PAGE_SIZE}
+    alerts_query = {"shown": ALERTS_SHOWN, "show_all": show, "start": _offset(alerts_offset), "page": ALERTS_PAGE}
+    overview = await db_read(request, store.overview, listing_query, alerts_query)
+    listing, alerts, summary = overview["listing"], overview["alerts"], overview["summary"]
     current: dict[str, Any] = {"q": q, "status": status, "label": label, "sort": sort, "offset": start}
     forgotten = notice if notice and is_valid_node_name(notice) else None
     response = render(
@@ -111,6 +104,7 @@ async def index(
         alerts_page=ALERTS_PAGE,
         shown_kind=show,
         summary=summary,
+        kept=overview["kept"],
         page_size=PAGE_SIZE,
         columns=COLUMNS,
         default_sort=DEFAULT_SORT,
