@@ -62,7 +62,7 @@ typecheck: $(STAMP)
 # vCPU keeps one CPU busy for minutes, its log in test-artifacts/vm.log, printed after) and the
 # host's, over TEST_WORKERS pytest-xdist workers (a module stays on one) under coverage of
 # src/oomguard (pytest-cov combines the workers' data; settings: [tool.coverage] in
-# pyproject.toml). The coverage summary is printed whether the tests pass or not; the target
+# pyproject.toml; the PostgreSQL variants run unmeasured: tests/conftest.py). The coverage summary is printed whether the tests pass or not; the target
 # fails when a test of either fails.
 # The host's tests run niced (HOST_NICE), so the guest's vCPU keeps its CPU and the VM's suite ends
 # within its timeout (beside two workers at the same priority it took over 600 s, against 530 s).

@@ -47,6 +47,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for name in _markers(item):
             item.add_marker(name)
+            if name == "postgres":
+                # Under `make test`'s coverage the PostgreSQL variants run unmeasured (pytest-cov's
+                # no_cover): they run the SQLite variants' code but for the dialect branches, and
+                # tracing costs much (test_manager_fuzz.py's SQLite half: 41 s bare, 71 s traced).
+                item.add_marker("no_cover")
 
 
 # The fifth marker, ``slow``, is given by hand to a test that takes over SLOW_S on its own here
