@@ -19,7 +19,7 @@ way (``MANAGER_ROOMS``), lowest first::
     base        oomguard.manager (``__init__``), times, redact, settings (the configuration)
     contract    reportschema (the JSON Schema engine), contract (the report as the manager takes it), bodies
     db/         the tables, engines and migrations
-    policy      alerts, retention
+    policy      alerts, retention, learning (the fleet learns: the recommender's rule)
     store/      reads and writes, the group-commit writer, database health
     web/        HTTP: API, dashboard, middleware, sessions, metrics, uvicorn
     top         app (wires it), cli (``oomguard manager``)
@@ -60,7 +60,7 @@ MANAGER_ROOMS = (
     ("base", ("", "times", "redact", "settings")),
     ("contract", ("reportschema", "contract", "bodies")),
     ("db", ("db",)),
-    ("policy", ("alerts", "retention")),
+    ("policy", ("alerts", "retention", "learning")),
     ("store", ("store",)),
     ("web", ("web",)),
     ("top", ("app", "cli")),

@@ -34,10 +34,11 @@ import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from oomguard.labels import KEY_MAX, KEY_PATTERN, LABELS_MAX, VALUE_MAX, label_problem, labels_problem
 from oomguard.manager import contract, reportschema
+from oomguard.manager.times import parse_iso_ms
 
 MAX_DEPTH = 32
 INT_LIMIT = contract.BIG  # what a BIGINT column holds
@@ -262,6 +263,51 @@ class EventEnvelope(BaseModel):
     id: IngestId
     event: EventIn
     labels: Labels | None = None
+
+
+PROFILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+CLASS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,63}$"  # an operator's class, and every one learning derives
+Size = Annotated[int, Field(ge=0, le=INT_LIMIT)]
+
+
+class ObservationIn(BaseModel):
+    """One run of a profiled worker: what its jobs really used (``oomguard.manager.learning``).
+    Sizes in bytes; ``time`` (ISO 8601) when the run ended, by the node's clock."""
+
+    model_config = ConfigDict(extra="forbid")
+    profile: Annotated[str, Field(pattern=PROFILE_PATTERN, max_length=128, description="The profile's name")]
+    node_class: (
+        Annotated[
+            str,
+            Field(
+                pattern=CLASS_PATTERN,
+                max_length=64,
+                description="The operator's class of node (--node-class); without it, derived from the node's reports",
+            ),
+        ]
+        | None
+    ) = None
+    declared_per_job_bytes: Annotated[int, Field(ge=1, le=INT_LIMIT, description="The size each job was given")]
+    peak_per_job_bytes: Annotated[Size, Field(description="The peak one job was seen to reach")]
+    declared_baseline_bytes: Annotated[Size, Field(description="The baseline declared")]
+    peak_baseline_bytes: Annotated[Size, Field(description="The working set before the jobs, at its peak")]
+    concurrency: Annotated[int, Field(ge=1, le=1_000_000, description="Jobs at once")]
+    outcome: Literal["ok", "oom-kill", "pressure-stop"]
+    time: Annotated[str, Field(max_length=64, description="When the run ended (ISO 8601)")]
+
+    @field_validator("time")
+    @classmethod
+    def _iso(cls, value: str) -> str:
+        if parse_iso_ms(value) is None:
+            raise ValueError("time: expected an ISO 8601 time such as 2026-12-01T18:00:00Z")
+        return value
+
+
+class ObservationEnvelope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: NodeName
+    id: IngestId
+    observation: ObservationIn
 
 
 class Stored(BaseModel):

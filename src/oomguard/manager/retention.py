@@ -6,6 +6,8 @@
   of OOM kills and pressure stops, which are kept for ever (they are the history oomguard
   exists to show, and ``oomguard_oom_kills_total`` / ``oomguard_pressure_stops_total`` count them,
   counters that must not go down);
+- observations (what a profile's runs really used: ``learning``) older than the retention go too;
+  the recommender reads only the last 14 days of them, so a retention below that shortens it;
 - nodes silent for longer than ``--forget-after`` (7 days; ``off`` never) are archived: nothing
   from them (no report, no event, no heartbeat) since then. They leave the list, the cards, the
   alerts and /metrics; their rows stay (under the retention above) and the node comes back with
@@ -52,14 +54,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from oomguard.manager.alerts import node_status
-from oomguard.manager.db import events, nodes, reports, retention_state
+from oomguard.manager.db import events, nodes, observations, reports, retention_state
 from oomguard.manager.times import now_ms
 
 HOUR_MS = 3_600_000
 FULL_RESOLUTION_MS = HOUR_MS  # history younger than this is kept whole; older, one report per node and hour
 KEPT_REASONS = ("oom-kill", "pressure-stop")  # events of these reasons are never expired
 LOCK_KEY = 7220452  # PostgreSQL advisory lock of the pass (the migrations' is 7220451)
-KINDS = ("expired_reports", "thinned_reports", "expired_events")
+KINDS = ("expired_reports", "thinned_reports", "expired_events", "expired_observations")
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +82,15 @@ def _batch(conn: Connection, ids: list[int], cuts: _Cuts, rows: int) -> dict[str
     extra = select(reports.c.id).where(window, reports.c.id.not_in(keep)).limit(rows)
     expiring = or_(events.c.reason.is_(None), events.c.reason.not_in(KEPT_REASONS))
     old_events = select(events.c.id).where(events.c.node_id.in_(ids), events.c.received_ms < cut_old, expiring)
+    old_seen = observations.c.received_ms < cut_old
+    old_observations = select(observations.c.id).where(observations.c.node_id.in_(ids), old_seen).limit(rows)
     return {
         "expired_reports": conn.execute(delete(reports).where(reports.c.id.in_(old))).rowcount,
         "thinned_reports": conn.execute(delete(reports).where(reports.c.id.in_(extra))).rowcount,
         "expired_events": conn.execute(delete(events).where(events.c.id.in_(old_events.limit(rows)))).rowcount,
+        "expired_observations": conn.execute(
+            delete(observations).where(observations.c.id.in_(old_observations))
+        ).rowcount,
     }
 
 

@@ -4,7 +4,16 @@ are in ``migrations/``). Reads and writes on it are the store's (``oomguard.mana
 from __future__ import annotations
 
 from oomguard.manager.db.engine import alembic_config, current_revision, make_engine, migrate, normalize_url
-from oomguard.manager.db.tables import events, latest_reports, metadata, node_labels, nodes, reports, retention_state
+from oomguard.manager.db.tables import (
+    events,
+    latest_reports,
+    metadata,
+    node_labels,
+    nodes,
+    observations,
+    reports,
+    retention_state,
+)
 
 __all__ = [
     "alembic_config",
@@ -17,6 +26,7 @@ __all__ = [
     "node_labels",
     "nodes",
     "normalize_url",
+    "observations",
     "reports",
     "retention_state",
 ]

@@ -111,6 +111,31 @@ events = Table(
     Index("ix_events_reason_time", "reason", "received_ms"),
 )
 
+# Revision 0007: what each run of a profiled worker really used (``POST /api/v1/observations``),
+# which ``oomguard.manager.learning`` learns from. ``node_class``: the operator's label, or the class
+# derived from the node's latest report when the observation was stored; ``observed``: the agent's
+# time, as reported.
+observations = Table(
+    "observations",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("received_ms", BigInteger, nullable=False),
+    Column("observed", String(64), nullable=False),
+    Column("profile", String(128), nullable=False),
+    Column("node_class", String(64), nullable=False),
+    Column("declared_per_job_bytes", BigInteger, nullable=False),
+    Column("peak_per_job_bytes", BigInteger, nullable=False),
+    Column("declared_baseline_bytes", BigInteger, nullable=False),
+    Column("peak_baseline_bytes", BigInteger, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    Index("ix_observations_profile_time", "profile", "received_ms"),
+    Index("ix_observations_class_time", "profile", "node_class", "received_ms"),
+    Index("ix_observations_node_time", "node_id", "received_ms"),
+)
+
 # Revision 0004: ``thinned_below``, the one-hour line of the last retention pass that completed.
 retention_state = Table(
     "retention_state",

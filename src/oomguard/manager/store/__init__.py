@@ -16,6 +16,8 @@
 - ``health``: database failures seen by the routes: their kinds, each outage episode logged once;
 - ``growth``: how many nodes were created in the last hour (the new-node cap, shared by replicas);
 - ``overview``: the dashboard overview's answer, kept a few seconds where it is slow to compute;
+- ``learned``: what the fleet has learned of a profile (``oomguard.manager.learning``'s rule on
+  the observations);
 - ``text``: stored JSON read back whatever text it holds (a lone surrogate comes back as its escape).
 """
 
@@ -26,10 +28,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
+from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
 from oomguard.manager.retention import Retention
 from oomguard.manager.settings import Settings
-from oomguard.manager.store import alerting, queries
+from oomguard.manager.store import alerting, learned, queries
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES as DEFAULT_WRITE_QUEUE_BYTES
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
@@ -82,6 +84,10 @@ class Store:
     async def ingest_event_async(self, env: EventEnvelope, body_json: str) -> bool:
         """Store an event (received now); False when its id was stored before."""
         return await self._writer.event(env, body_json)
+
+    async def ingest_observation_async(self, env: ObservationEnvelope) -> bool:
+        """Store an observation (received now); False when its id was stored before."""
+        return await self._writer.observation(env)
 
     async def forget_node(self, name: str) -> bool:
         """Delete the node *name* and all its rows (reports, events); False when there is no such
@@ -189,6 +195,11 @@ class Store:
         if kept is not None:
             kept = {"as_of": iso_ms(kept["computed_ms"]), "age_s": kept["age_s"], "took_s": kept["took_s"]}
         return {**value, "kept": kept}
+
+    def recommendation(self, profile: str, node: str | None = None, node_class: str | None = None) -> dict[str, Any]:
+        """What the fleet has learned of *profile* for *node* of *node_class* (``learned``)."""
+        with self.engine.connect() as conn:
+            return learned.recommendation(conn, self.clock(), profile, node, node_class)
 
     def summary(self) -> dict[str, int]:
         with self.engine.connect() as conn:

@@ -1,4 +1,4 @@
-"""The ingest side: reports and events into the database, through the group committer.
+"""The ingest side: reports, events and observations into the database, through the group committer.
 
 Times: ``received_ms`` is the manager's own clock when the request arrived; offline status,
 ordering and retention use it. The agent's time is kept as reported (a report's ``agent_ms``, an
@@ -30,9 +30,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from oomguard.manager import contract
 from oomguard.manager.alerts import DEFAULT_LINE, working_set_high
-from oomguard.manager.bodies import EventEnvelope, ReportEnvelope
-from oomguard.manager.db import events, latest_reports, node_labels, nodes, reports
-from oomguard.manager.store import history
+from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
+from oomguard.manager.db import events, latest_reports, node_labels, nodes, observations, reports
+from oomguard.manager.learning import derive_class
+from oomguard.manager.store import history, text
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES, GroupCommitter
 from oomguard.manager.times import now_ms
 
@@ -158,6 +159,38 @@ class Writer:
             return bool(await self.committer.submit_async(self._heartbeat_writer(env, t), size))
         return bool(await self.committer.submit_async(self._event_writer(env, body_json, t), size))
 
+    async def observation(self, env: ObservationEnvelope) -> bool:
+        """Store an observation received now; False when its id was stored before. Without the
+        operator's class, the node's is derived from its latest report (``learning.derive_class``)."""
+        t, o = self.clock(), env.observation
+        values = {
+            "ingest_id": env.id,
+            "received_ms": t,
+            "observed": o.time,
+            "profile": o.profile,
+            "declared_per_job_bytes": o.declared_per_job_bytes,
+            "peak_per_job_bytes": o.peak_per_job_bytes,
+            "declared_baseline_bytes": o.declared_baseline_bytes,
+            "peak_baseline_bytes": o.peak_baseline_bytes,
+            "concurrency": o.concurrency,
+            "outcome": o.outcome,
+        }
+
+        def write(conn: Connection) -> bool:
+            node_id = self._node_id(conn, env.node, t)
+            node_class = o.node_class
+            if node_class is None:
+                row = conn.execute(select(nodes.c.gpus, nodes.c.host_total_bytes).where(nodes.c.id == node_id)).first()
+                gpus = text.loads(row.gpus) if row is not None and row.gpus else []
+                node_class = derive_class(gpus, row.host_total_bytes if row is not None else None)
+            statement = self._insert(observations).values(node_id=node_id, node_class=node_class, **values)
+            stored = conn.execute(
+                statement.on_conflict_do_nothing(index_elements=["ingest_id"]).returning(observations.c.id)
+            ).first()
+            return stored is not None
+
+        return bool(await self.committer.submit_async(write, 512))
+
     async def forget(self, name: str) -> bool:
         """Delete the node *name* and every row of it; False when there is no such node."""
         return bool(await self.committer.submit_async(lambda conn: self._forget(conn, name)))
@@ -167,7 +200,8 @@ class Writer:
         self._node_ids.pop(name, None)  # the writer thread's cache: a later report creates the node anew
         if node_id is None:
             return False
-        for table in (events, reports, latest_reports, node_labels):  # explicitly, not by trusting ON DELETE CASCADE
+        # Explicitly, not by trusting ON DELETE CASCADE.
+        for table in (events, reports, latest_reports, node_labels, observations):
             conn.execute(delete(table).where(table.c.node_id == node_id))
         conn.execute(delete(nodes).where(nodes.c.id == node_id))
         return True

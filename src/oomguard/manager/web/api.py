@@ -1,6 +1,6 @@
-"""The HTTP API: agents POST reports and events (the node's own token, or the fleet-wide agent
+"""The HTTP API: agents POST reports, events and observations (the node's own token, or the fleet-wide agent
 token: ``deps.require_agent``; the body's ``node`` must be the token's, ``deps.may_write``);
-readers GET nodes, alerts and Prometheus metrics (viewer token); the operator DELETEs a node
+readers GET nodes, alerts, a profile's recommendation and Prometheus metrics (viewer token); the operator DELETEs a node
 (admin token); ``/healthz`` is open and checks the database.
 
 No client input gets a 5xx: a body that is not strict JSON is refused by the middleware
@@ -21,7 +21,16 @@ from sqlalchemy import Engine, text
 
 from oomguard.manager import contract
 from oomguard.manager.alerts import STATUSES
-from oomguard.manager.bodies import NODE_PATTERN, EventEnvelope, ReportEnvelope, Stored, label_filter
+from oomguard.manager.bodies import (
+    CLASS_PATTERN,
+    NODE_PATTERN,
+    PROFILE_PATTERN,
+    EventEnvelope,
+    ObservationEnvelope,
+    ReportEnvelope,
+    Stored,
+    label_filter,
+)
 from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth, classify
 from oomguard.manager.times import parse_iso_ms
@@ -85,6 +94,31 @@ async def post_event(request: Request, body: EventEnvelope, store: StoreDep, cre
     body_json = _json(body.event.model_dump(), "event")
     await may_write(request, credential, body.node)
     return Stored(stored=await db_write(request, store.ingest_event_async(body, body_json)), id=body.id)
+
+
+@ingest.post("/observations", response_model=Stored)
+async def post_observation(
+    request: Request, body: ObservationEnvelope, store: StoreDep, credential: AgentDep
+) -> Stored:
+    """What one run of a profiled worker really used (docs/manager.md, "The fleet learns"); an
+    idempotent retry of an id stored before answers ``stored: false``."""
+    await may_write(request, credential, body.node)
+    return Stored(stored=await db_write(request, store.ingest_observation_async(body)), id=body.id)
+
+
+@reads.get("/api/v1/profiles/{profile}/recommendation")
+async def get_recommendation(
+    request: Request,
+    store: StoreDep,
+    profile: Annotated[str, Path(pattern=PROFILE_PATTERN, max_length=128)],
+    node: Annotated[str | None, Query(pattern=NODE_PATTERN, max_length=128)] = None,
+    node_class: Annotated[str | None, Query(pattern=CLASS_PATTERN, max_length=64)] = None,
+) -> dict[str, Any]:
+    """The size to plan *profile*'s jobs at on *node* (of *node_class*: default the node's): the
+    node's own samples, else its class's, else the fleet's, else the size declared (``source``),
+    with the floor an OOM kill or pressure stop raised, the samples and rule it came from
+    (``explanation``) and its ``confidence``."""
+    return await db_read(request, store.recommendation, profile, node, node_class)
 
 
 @reads.get("/api/v1/nodes")

@@ -1,0 +1,224 @@
+"""The fleet learns (issue 23): what a profile's jobs really use, and the size to plan them at.
+
+An observation is one run of a profiled worker on one node: per job, the size it was declared at
+and the peak it was seen to reach; the baseline, likewise; the concurrency; the outcome (``ok``,
+``oom-kill``, ``pressure-stop``). This module is the rule, on plain values (no database): the
+store (``store/learned.py``) gathers the samples and the API serves the answer.
+
+The rule, for one scope (the node itself, its class of node, or the whole fleet):
+
+- **Samples**: the scope's observations of the profile received in the last ``WINDOW_MS`` (14
+  days), the newest ``MAX_SAMPLES``; each weighs ``2 ** (-age / HALF_LIFE_MS)``, a 48-hour
+  half-life: Google Autopilot's moving window (EuroSys 2020, "Autopilot: workload autoscaling at
+  Google", section 3.2.1: exponentially decaying histogram, half-life 48 h).
+- **Per job**: the weighted ``PERCENTILE`` (98th) of the observed per-job peaks, plus ``MARGIN``
+  (10 %): Autopilot's P98 with a 10-15 % safety margin for jobs that cannot tolerate an OOM kill.
+  A peak seen in a run that was killed is counted too: it is at most what the job needed.
+- **Baseline**: the same rule over the observed baselines.
+- **Floor**: an OOM kill or a pressure stop of the profile in the node's class raises that class's
+  per-job floor at once to ``OOM_BUMP`` (1.3) times the larger of the size it ran at and the peak
+  seen, for as long as it is in the window. A recommendation is never below its class's floor, so
+  the same kill does not happen twice for the same reason: a job up to 30 % over its size fits
+  after one kill. (The Kubernetes VPA bumps by x1.2 or +100 MiB, whichever is more, on top of its
+  percentile: a job 25 % over is killed twice before it fits;
+  vertical-pod-autoscaler/pkg/recommender/model/container.go, ``RecordOOM``.)
+- **Which scope**: the node's own samples when it has ``MIN_SAMPLES`` (3) or more; else its class's;
+  else the fleet's; else the size declared (``source: declared``): a new node of a known class
+  starts from what its class has learned, never from nothing.
+- **Confidence**: ``n / (n + CONFIDENCE_K)`` with ``n`` the samples' summed weights (``K`` = 5):
+  0 with none, 0.5 for five fresh samples, lower as they age.
+
+Bias (what the estimator gets wrong, and which way): a run's per-job peak is a working-set rise
+divided by the concurrency (``run --profile``) or one reservation's rise (``MemoryBudget``): jobs
+that peak at different times share the rise, so a concurrency above 1 reads each job's peak low.
+The percentile plus margin and the floor after a kill are what bound that error.
+
+Node class: an operator's label (``--node-class`` on the agent), else derived from the node's
+latest report: the GPU model and the host's RAM to the nearest power of two GiB
+(``gpu:NVIDIA-H100-80GB-HBM3/ram:512GiB``, ``cpu/ram:64GiB``), the kind of node the job runs on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from oomguard.units import MAX_SIZE
+
+HOUR_MS = 3_600_000
+HALF_LIFE_MS = 48 * HOUR_MS
+WINDOW_MS = 14 * 24 * HOUR_MS  # a sample 14 days old weighs 2 ** -7: under 1 %
+MAX_SAMPLES = 2000  # per scope, the newest
+PERCENTILE = 0.98
+MARGIN = 0.10
+OOM_BUMP = 1.3
+MIN_SAMPLES = 3
+CONFIDENCE_K = 5.0
+OUTCOMES = ("ok", "oom-kill", "pressure-stop")
+FAILURES = ("oom-kill", "pressure-stop")
+Source = Literal["node", "class", "fleet", "declared"]
+_NOT_IN_CLASS = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One observation, as the rule reads it (sizes in bytes, times epoch ms on the manager's clock)."""
+
+    node: str
+    node_class: str
+    received_ms: int
+    declared_per_job: int
+    peak_per_job: int
+    declared_baseline: int
+    peak_baseline: int
+    concurrency: int
+    outcome: str
+
+
+def derive_class(gpus: Any, host_total_bytes: int | None) -> str:
+    """The class of a node without an operator's label: its GPU model (the most common name among
+    its GPUs; ``cpu`` without one) and its host RAM to the nearest power of two GiB (``ram:unknown``
+    unknown)."""
+    names = [g.get("name") for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+    named = [n for n in names if isinstance(n, str) and n.strip()]
+    model = "cpu"
+    if named:
+        top = Counter(named).most_common(1)[0][0]
+        model = "gpu:" + (_NOT_IN_CLASS.sub("-", top.strip()).strip("-")[:40] or "unknown")
+    ram = "ram:unknown"
+    if isinstance(host_total_bytes, int) and host_total_bytes > 0:
+        ram = f"ram:{2 ** max(0, round(math.log2(host_total_bytes / 2**30)))}GiB"
+    return f"{model}/{ram}"
+
+
+def weight(age_ms: int) -> float:
+    """A sample's weight at *age_ms* (a sample from the future, by a skewed clock, weighs 1)."""
+    return float(2.0 ** (-max(0, age_ms) / HALF_LIFE_MS))
+
+
+def weighted_percentile(values: Sequence[tuple[int, float]], q: float) -> int | None:
+    """The smallest value whose cumulative weight reaches *q* of the total: (value, weight) pairs;
+    None for none (or only weightless ones)."""
+    total = sum(w for _, w in values if w > 0)
+    if total <= 0:
+        return None
+    running = 0.0
+    ordered = sorted((v, w) for v, w in values if w > 0)
+    for value, w in ordered:
+        running += w
+        if running >= q * total * (1 - 1e-12):
+            return value
+    return ordered[-1][0]
+
+
+def floor_of(samples: Sequence[Sample]) -> tuple[int, Sample | None]:
+    """(The per-job floor the failures among *samples* raise, 0 for none; the failure that set it)."""
+    best, why = 0, None
+    for s in samples:
+        if s.outcome in FAILURES:
+            raised = min(MAX_SIZE, math.ceil(max(s.declared_per_job, s.peak_per_job) * OOM_BUMP))
+            if raised > best:
+                best, why = raised, s
+    return best, why
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    per_job_bytes: int | None
+    baseline_bytes: int | None
+    source: Source
+    samples: int
+    confidence: float
+    updated_ms: int | None  # the newest sample's receive time
+    declared_per_job_bytes: int | None
+    declared_baseline_bytes: int | None
+    floor_bytes: int
+    explanation: list[str]
+
+    def as_json(self, iso: Any) -> dict[str, Any]:
+        return {
+            "per_job_bytes": self.per_job_bytes,
+            "baseline_bytes": self.baseline_bytes,
+            "source": self.source,
+            "samples": self.samples,
+            "confidence": self.confidence,
+            "updated": None if self.updated_ms is None else iso(self.updated_ms),
+            "declared_per_job_bytes": self.declared_per_job_bytes,
+            "declared_baseline_bytes": self.declared_baseline_bytes,
+            "floor_bytes": self.floor_bytes,
+            "explanation": self.explanation,
+        }
+
+
+def _grown(value: int | None) -> int | None:
+    return None if value is None else min(MAX_SIZE, math.ceil(value * (1 + MARGIN)))
+
+
+def recommend(
+    now_ms: int,
+    node: str | None,
+    node_class: str | None,
+    samples: Sequence[Sample],
+    iso: Any = str,
+) -> Recommendation:
+    """The recommendation for *node* of class *node_class* (either may be None: unknown) from every
+    sample of the profile in the window (*samples*: any order; the rule above). *iso* words a time."""
+    live = [s for s in samples if now_ms - s.received_ms <= WINDOW_MS]
+    live.sort(key=lambda s: s.received_ms, reverse=True)
+    scopes: list[tuple[Source, str, list[Sample]]] = [
+        ("node", f"node {node}", [s for s in live if node is not None and s.node == node][:MAX_SAMPLES]),
+        ("class", f"class {node_class}", [s for s in live if node_class is not None and s.node_class == node_class]),
+        ("fleet", "the fleet", live),
+    ]
+    in_class = scopes[1][2] if node_class is not None else scopes[0][2]
+    floor, why = floor_of(in_class)
+    declared_job = live[0].declared_per_job if live else None  # the newest run's
+    declared_base = live[0].declared_baseline if live else None
+    said: list[str] = []
+    source: Source = "declared"
+    job, base, n_eff, used = declared_job, declared_base, 0.0, []
+    for scope, name, found in scopes:
+        if len(found) < MIN_SAMPLES:
+            said.append(f"{name}: {len(found)} sample(s) in the last 14 days, fewer than {MIN_SAMPLES}")
+            continue
+        used = found[:MAX_SAMPLES]
+        weighted = [(s, weight(now_ms - s.received_ms)) for s in used]
+        n_eff = sum(w for _, w in weighted)
+        job = _grown(weighted_percentile([(s.peak_per_job, w) for s, w in weighted], PERCENTILE))
+        base = _grown(weighted_percentile([(s.peak_baseline, w) for s, w in weighted], PERCENTILE))
+        said.append(
+            f"{name}: the weighted P{round(PERCENTILE * 100)} of {len(used)} sample(s) (half-life 48 h) "
+            f"+ {round(MARGIN * 100)} %: per job {job} bytes, baseline {base} bytes"
+        )
+        source = scope
+        break
+    else:
+        said.append("no scope has enough samples: the size declared" + ("" if live else " (none observed)"))
+    if job is not None and floor > job:
+        said.append(_floor_words(floor, why, iso))
+        job = floor
+    return Recommendation(
+        per_job_bytes=job,
+        baseline_bytes=base,
+        source=source,
+        samples=len(used),
+        confidence=round(n_eff / (n_eff + CONFIDENCE_K), 3),
+        updated_ms=max((s.received_ms for s in (used or live)), default=None),
+        declared_per_job_bytes=declared_job,
+        declared_baseline_bytes=declared_base,
+        floor_bytes=floor,
+        explanation=said,
+    )
+
+
+def _floor_words(floor: int, why: Sample | None, iso: Any) -> str:
+    if why is None:
+        return f"raised to the floor, {floor} bytes"
+    return (
+        f"raised to the floor, {floor} bytes: {OOM_BUMP:g} x the {why.outcome} on {why.node} at "
+        f"{iso(why.received_ms)} (ran at {why.declared_per_job} bytes per job, peak {why.peak_per_job})"
+    )

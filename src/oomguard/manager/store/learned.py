@@ -1,0 +1,101 @@
+"""The fleet's lessons read back: the samples of a profile the recommender needs, and its answer
+(``oomguard.manager.learning``: the rule). Computed on each read from the ``observations`` table
+and the time, so every replica on one database gives the same answer at the same time.
+
+Three bounded reads, each the newest ``learning.MAX_SAMPLES`` of the window: the node's own, its
+class's, the fleet's (by the indexes on node and time, profile, class and time, profile and time).
+The node's class: the one asked for, else the class of the node's newest observation (of this
+profile, else of any), else the one derived from its latest report; unknown for a node the
+manager has never heard of.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, select, true
+
+from oomguard.manager import learning
+from oomguard.manager.db import nodes, observations
+from oomguard.manager.store import text
+from oomguard.manager.times import iso_ms
+
+_COLUMNS = (
+    observations.c.id,
+    nodes.c.name,
+    observations.c.node_class,
+    observations.c.received_ms,
+    observations.c.declared_per_job_bytes,
+    observations.c.peak_per_job_bytes,
+    observations.c.declared_baseline_bytes,
+    observations.c.peak_baseline_bytes,
+    observations.c.concurrency,
+    observations.c.outcome,
+)
+
+
+def _samples(conn: Connection, profile: str, since_ms: int, *where: Any) -> dict[int, learning.Sample]:
+    query = (
+        select(*_COLUMNS)
+        .select_from(observations.join(nodes, nodes.c.id == observations.c.node_id))
+        .where(observations.c.profile == profile, observations.c.received_ms >= since_ms, *where)
+        .order_by(observations.c.received_ms.desc(), observations.c.id.desc())
+        .limit(learning.MAX_SAMPLES)
+    )
+    return {
+        int(r[0]): learning.Sample(
+            node=str(r[1]),
+            node_class=str(r[2]),
+            received_ms=int(r[3]),
+            declared_per_job=int(r[4]),
+            peak_per_job=int(r[5]),
+            declared_baseline=int(r[6]),
+            peak_baseline=int(r[7]),
+            concurrency=int(r[8]),
+            outcome=str(r[9]),
+        )
+        for r in conn.execute(query).all()
+    }
+
+
+def node_class_of(conn: Connection, profile: str, node_id: int) -> str | None:
+    """The class the node's newest observation was stored with (of *profile*, else of any), else
+    the one derived from its latest report."""
+    for only in (observations.c.profile == profile, true()):
+        found = conn.execute(
+            select(observations.c.node_class)
+            .where(observations.c.node_id == node_id, only)
+            .order_by(observations.c.received_ms.desc(), observations.c.id.desc())
+            .limit(1)
+        ).scalar()
+        if found is not None:
+            return str(found)
+    row = conn.execute(select(nodes.c.gpus, nodes.c.host_total_bytes).where(nodes.c.id == node_id)).first()
+    if row is None:
+        return None
+    return learning.derive_class(text.loads(row.gpus) if row.gpus else [], row.host_total_bytes)
+
+
+def recommendation(
+    conn: Connection, now: int, profile: str, node: str | None, node_class: str | None
+) -> dict[str, Any]:
+    """The recommendation of *profile* for *node* (or None: no node, the class's or the fleet's),
+    of *node_class* (None: the node's), as the API answers it."""
+    node_id = None if node is None else conn.execute(select(nodes.c.id).where(nodes.c.name == node)).scalar()
+    if node_class is None and node_id is not None:
+        node_class = node_class_of(conn, profile, int(node_id))
+    since = now - learning.WINDOW_MS
+    found: dict[int, learning.Sample] = {}
+    if node_id is not None:
+        found |= _samples(conn, profile, since, observations.c.node_id == node_id)
+    if node_class is not None:
+        found |= _samples(conn, profile, since, observations.c.node_class == node_class)
+    found |= _samples(conn, profile, since)
+    answer = learning.recommend(now, node, node_class, list(found.values()), iso_ms)
+    return {
+        "profile": profile,
+        "node": node,
+        "node_known": node_id is not None,
+        "node_class": node_class,
+        **answer.as_json(iso_ms),
+    }
