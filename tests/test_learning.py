@@ -355,3 +355,31 @@ def test_retention_expires_old_observations_only(db_url: str) -> None:
         assert store.thin()["expired_observations"] == 1
         assert store.thin()["expired_observations"] == 0
         assert advice(c, node="n1")["samples"] == 3
+
+
+def test_metrics_carry_each_class_s_recommendation_and_floor(db_url: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with app_of(db_url, make_store(db_url, Clock(NOW))) as c:
+        for node in ("a1", "a2", "a3"):
+            observe(c, node, node_class="a100", peak_per_job_bytes=12 * GiB)
+        observe(c, "h1", node_class="h100", outcome="oom-kill", peak_per_job_bytes=15 * GiB)
+        page = c.get("/metrics", headers=VIEWER_H)
+        assert page.status_code == 200
+        found = {
+            (s.name, s.labels["profile"], s.labels["node_class"]): s.value
+            for family in text_string_to_metric_families(page.text)
+            for s in family.samples
+            if s.name.startswith("oomguard_profile_")
+        }
+
+        def gauge(name: str, node_class: str) -> float:
+            return found[(f"oomguard_profile_{name}", "cuzk-porep", node_class)]
+
+        assert gauge("recommended_per_job_bytes", "a100") == math.ceil(12 * GiB * (1 + MARGIN))
+        assert gauge("samples", "a100") == 3
+        assert gauge("floor_per_job_bytes", "a100") == 0
+        # h100 has one sample: the fleet's P98 (of 4), raised to its own floor
+        assert gauge("floor_per_job_bytes", "h100") == math.ceil(15 * GiB * OOM_BUMP)
+        assert gauge("recommended_per_job_bytes", "h100") == math.ceil(15 * GiB * OOM_BUMP)
+        assert gauge("samples", "h100") == 4

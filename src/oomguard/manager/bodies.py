@@ -282,7 +282,7 @@ class ObservationIn(BaseModel):
             Field(
                 pattern=CLASS_PATTERN,
                 max_length=64,
-                description="The operator's class of node (--node-class); without it, derived from the node's reports",
+                description="The operator's class of node; without it, derived from the node's latest report",
             ),
         ]
         | None

@@ -28,12 +28,14 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
 - **Confidence**: ``n / (n + CONFIDENCE_K)`` with ``n`` the samples' summed weights (``K`` = 5):
   0 with none, 0.5 for five fresh samples, lower as they age.
 
-Bias (what the estimator gets wrong, and which way): a run's per-job peak is a working-set rise
-divided by the concurrency (``run --profile``) or one reservation's rise (``MemoryBudget``): jobs
-that peak at different times share the rise, so a concurrency above 1 reads each job's peak low.
-The percentile plus margin and the floor after a kill are what bound that error.
+Bias (what the estimator gets wrong, and which way): the rule takes each observation's per-job
+peak as sent. The estimator ``bench/fleet.py`` simulates, and ``run --profile`` is to send (the
+workers send no observations yet), is the group's peak rise over the baseline divided by the
+concurrency: the mean of the jobs' peaks, not the largest. That mean is what decides a kill when
+the peaks coincide; when they do not, it reads each job's own peak low, and a percentile of it
+sits below the percentile of single jobs (bench/fleet.py's cold-start line measures by how much).
 
-Node class: an operator's label (``--node-class`` on the agent), else derived from the node's
+Node class: the observation's ``node_class`` (an operator's label), else derived from the node's
 latest report: the GPU model and the host's RAM to the nearest power of two GiB
 (``gpu:NVIDIA-H100-80GB-HBM3/ram:512GiB``, ``cpu/ram:64GiB``), the kind of node the job runs on.
 """

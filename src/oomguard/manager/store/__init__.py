@@ -201,6 +201,11 @@ class Store:
         with self.engine.connect() as conn:
             return learned.recommendation(conn, self.clock(), profile, node, node_class)
 
+    def class_recommendations(self) -> list[dict[str, Any]]:
+        """Each observed (profile, class)'s recommendation for a new node of it (``learned.by_class``)."""
+        with self.engine.connect() as conn:
+            return learned.by_class(conn, self.clock())
+
     def summary(self) -> dict[str, int]:
         with self.engine.connect() as conn:
             return queries.summary(conn, self.clock(), self.default_interval_ms)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, select, true
+from sqlalchemy import Connection, func, select, true
 
 from oomguard.manager import learning
 from oomguard.manager.db import nodes, observations
@@ -99,3 +99,29 @@ def recommendation(
         "node_class": node_class,
         **answer.as_json(iso_ms),
     }
+
+
+CLASSES_SHOWN = 500  # the most (profile, class) pairs /metrics carries, most observed first
+
+
+def by_class(conn: Connection, now: int) -> list[dict[str, Any]]:
+    """For each (profile, class) observed in the window (at most ``CLASSES_SHOWN``, the most
+    observed first): what a new node of the class would be told (no node's own samples), for
+    /metrics."""
+    since = now - learning.WINDOW_MS
+    pairs = conn.execute(
+        select(observations.c.profile, observations.c.node_class, func.count())
+        .where(observations.c.received_ms >= since)
+        .group_by(observations.c.profile, observations.c.node_class)
+        .order_by(func.count().desc(), observations.c.profile, observations.c.node_class)
+        .limit(CLASSES_SHOWN)
+    ).all()
+    fleets: dict[str, dict[int, learning.Sample]] = {}
+    out = []
+    for profile, node_class, _ in pairs:
+        if profile not in fleets:
+            fleets[profile] = _samples(conn, profile, since)
+        found = fleets[profile] | _samples(conn, profile, since, observations.c.node_class == node_class)
+        answer = learning.recommend(now, None, node_class, list(found.values()), iso_ms)
+        out.append({"profile": profile, "node_class": node_class, "answer": answer})
+    return out

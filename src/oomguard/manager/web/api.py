@@ -218,12 +218,14 @@ async def get_alerts(request: Request, store: StoreDep) -> dict[str, Any]:
 @reads.get("/metrics", response_class=Response)
 async def metrics(request: Request, store: StoreDep) -> Response:
     """Node series and the manager's own; the latter also while the database cannot be read."""
+    learned: list[dict[str, Any]] = []
     try:
         rows: list[dict[str, Any]] | None = await db_read(request, store.metric_rows)
+        learned = await db_read(request, store.class_recommendations)
     except DatabaseUnavailable:
         rows = None
     db_health: DbHealth = request.app.state.health
-    text_, content_type = render_metrics(rows, dict(db_health.errors), store.line)
+    text_, content_type = render_metrics(rows, dict(db_health.errors), store.line, learned)
     return Response(text_, media_type=content_type)
 
 

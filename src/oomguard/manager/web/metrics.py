@@ -24,7 +24,9 @@ series, which would multiply the cardinality. A label named ``node`` is exported
 ``honor_labels``). ``oomguard_memory_working_set_high_since_timestamp_seconds{node}`` is the
 manager's own ``working-set-high`` alert (its line, its budget rule, since when), on the nodes
 that have it only, so the Prometheus rule asks the manager's question rather than a copy of it;
-``oomguard_manager_working_set_line_ratio`` is the line.
+``oomguard_manager_working_set_line_ratio`` is the line. ``oomguard_profile_*{profile,
+node_class}``: what the fleet has learned of each profile per class of node, as a new node of
+the class would be told (``store/learned.py``; at most 500 pairs, the most observed first).
 """
 
 from __future__ import annotations
@@ -144,6 +146,40 @@ class _Nodes:
         yield up
 
 
+class _Learned:
+    """What the fleet has learned, per (profile, class of node): for a new node of the class."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["profile", "node_class"]
+        size = GaugeMetricFamily(
+            "oomguard_profile_recommended_per_job_bytes",
+            "The per-job size a new node of the class is told to plan the profile's jobs at (none: nothing learned).",
+            labels=labels,
+        )
+        floor = GaugeMetricFamily(
+            "oomguard_profile_floor_per_job_bytes",
+            "The per-job floor the class's OOM kills and pressure stops of the last 14 days raised (0: none).",
+            labels=labels,
+        )
+        samples = GaugeMetricFamily(
+            "oomguard_profile_samples",
+            "The observations the recommendation came from (0: the declared size).",
+            labels=labels,
+        )
+        for r in self.rows:
+            key, answer = [r["profile"], r["node_class"]], r["answer"]
+            if answer.per_job_bytes is not None:
+                size.add_metric(key, float(answer.per_job_bytes))
+            floor.add_metric(key, float(answer.floor_bytes))
+            samples.add_metric(key, float(answer.samples))
+        yield size
+        yield floor
+        yield samples
+
+
 class _Manager:
     def __init__(self, db_errors: dict[str, int], db_up: bool, line: float) -> None:
         self.db_errors = db_errors
@@ -170,11 +206,16 @@ class _Manager:
 
 
 def render_metrics(
-    rows: list[dict[str, Any]] | None, db_errors: dict[str, int], line: float = DEFAULT_LINE
+    rows: list[dict[str, Any]] | None,
+    db_errors: dict[str, int],
+    line: float = DEFAULT_LINE,
+    learned: list[dict[str, Any]] | None = None,
 ) -> tuple[bytes, str]:
-    """The exposition: node series from *rows* (None: the database could not be read) and the manager's own."""
+    """The exposition: node series from *rows* (None: the database could not be read), what the
+    fleet has learned (*learned*: ``Store.class_recommendations``) and the manager's own."""
     registry = CollectorRegistry()
     if rows is not None:
         registry.register(_Nodes(rows))
+        registry.register(_Learned(learned or []))
     registry.register(_Manager(db_errors, rows is not None, line))
     return generate_latest(registry), CONTENT_TYPE_LATEST
