@@ -102,6 +102,12 @@ def test_p98_plus_the_margin_of_fresh_samples() -> None:
     assert "P98 of 100 sample(s)" in r.explanation[-1]
 
 
+def test_a_learned_size_is_at_least_a_mebibyte_and_an_unmeasured_baseline_is_the_declared() -> None:
+    r = recommend(NOW, "n1", None, [sample(peak=0, peak_baseline=None) for _ in range(3)])
+    assert r.source == "node" and r.per_job_bytes == 1 << 20
+    assert r.baseline_bytes == 40 * GiB and "baseline not measured" in r.explanation[-1]
+
+
 def test_old_samples_weigh_less_and_leave_the_window() -> None:
     assert weight(HALF_LIFE_MS) == pytest.approx(0.5) and weight(-5) == 1.0
     old = [sample(node=f"o{i}", ago_ms=10 * 24 * 3_600_000, peak=20 * GiB) for i in range(30)]  # weigh 2**-5 each

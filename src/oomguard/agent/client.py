@@ -4,6 +4,7 @@ The manager's contract::
 
     POST {manager}/api/v1/reports  {"node", "id", "report", "interval_s", "time"}
     POST {manager}/api/v1/events   {"node", "id", "event"}
+    POST {manager}/api/v1/observations {"node", "id", "observation"}
     Authorization: Bearer TOKEN
 
 Every answer is one ``Outcome`` kind (RFC 9110 section 15 for the status classes):
@@ -37,7 +38,7 @@ from oomguard._version import __version__
 from oomguard.agent.log import one_line
 from oomguard.errors import BadParameter
 
-ENDPOINTS = {"report": "reports", "event": "events"}
+ENDPOINTS = {"report": "reports", "event": "events", "observation": "observations"}
 RETRY_4XX = frozenset({408, 429})  # "not now" (RFC 9110 15.5.9, RFC 6585 section 4), not "never"
 TOKEN_4XX = frozenset({401, 403})
 URL_4XX = frozenset({404, 405})

@@ -1,4 +1,5 @@
-"""Supervisor events to the fleet manager: spooled at once (durable), sent by a background thread.
+"""Supervisor events to the fleet manager: spooled at once (durable), sent by a background thread;
+with *observe*, an exit's observation after it (``supervisor/observe.py``: ``run --profile``).
 
 When the spool cannot take an event (disk full, removed, unwritable), the event waits in memory
 (at most ``MEMORY_MAX``, the oldest dropped first) and the thread posts it directly after the
@@ -16,7 +17,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from oomguard.agent.client import Client
@@ -46,14 +47,16 @@ class EventForwarder:
         *,
         heartbeat_s: float = HEARTBEAT_S,
         labels: Mapping[str, str] | None = None,
+        observe: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         self.sender = Sender(manager, token, open_spool(spool_dir), timeout=5.0, labels=labels)
         self._beats = Client(manager, token, timeout=HEARTBEAT_TIMEOUT_S)
         self.node = sanitize_node_name(node)
         if self.node != node:
             self.sender.log(f"node name {node!r} is not one the manager accepts: using {self.node!r}")
-        self.memory: collections.deque[dict[str, Any]] = collections.deque(maxlen=MEMORY_MAX)
+        self.memory: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(maxlen=MEMORY_MAX)
         self.heartbeat_s = heartbeat_s  # a heartbeat after this long with nothing to send (<= 0: none)
+        self.observe = observe  # an event's observation for the manager's recommender, if it makes one
         self.clock = time.monotonic
         self._last_sent = self.clock()
         self._wake = threading.Event()
@@ -62,14 +65,19 @@ class EventForwarder:
         self._thread.start()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        body = self.sender.envelope(self.node, event=event)
-        try:
-            self.sender.spool.put("event", body)
-        except SpoolError as e:
-            self.sender.spool_trouble.trouble("spool", f"{e}; events wait in memory and are sent directly")
-            self.memory.append(body)
+        self._put("event", self.sender.envelope(self.node, event=event))
+        seen = self.observe(event) if self.observe is not None else None
+        if seen is not None:  # after its exit event, in the spool's order
+            self._put("observation", self.sender.envelope(self.node, observation=seen))
         self._last_sent = self.clock()  # sent by the thread now: as good as a heartbeat
         self._wake.set()
+
+    def _put(self, kind: str, body: dict[str, Any]) -> None:
+        try:
+            self.sender.spool.put(kind, body)
+        except SpoolError as e:
+            self.sender.spool_trouble.trouble("spool", f"{e}; events wait in memory and are sent directly")
+            self.memory.append((kind, body))
 
     def _timeout(self) -> float:
         """How long the thread may sleep: until the next heartbeat is due, at most WAKE_S."""
@@ -97,7 +105,7 @@ class EventForwarder:
     def _send_all(self) -> None:
         self.sender.flush()
         while self.memory:  # after the spooled ones (when the spool can be read at all)
-            if self.sender.post("event", self.memory[0]).later:
+            if self.sender.post(*self.memory[0]).later:
                 return
             self.memory.popleft()  # delivered or refused: either way it is done
 

@@ -1,6 +1,6 @@
 """The spool: items waiting for the manager, durable on disk, replayed oldest first.
 
-Nothing is lost when the manager is down: every report and event is written here first
+Nothing is lost when the manager is down: every report, event and observation is written here first
 (temp file, fsync, rename, fsync of the directory), then sent and removed. One JSON file per
 item, named ``<seq:012d>-<kind>.json``; *seq* gives the send order, across processes too
 (``run --manager`` and ``agent`` may share a spool). Items the manager will never accept, and
@@ -30,7 +30,7 @@ from oomguard.agent.rejected import move_to_rejected, read_retry, write_retry
 from oomguard.errors import BadParameter
 from oomguard.sources.files import loads_json, read_bounded
 
-KINDS = ("report", "event")
+KINDS = ("report", "event", "observation")
 _SEQ_DIGITS = 12
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 from oomguard.commands import flags
@@ -178,11 +179,14 @@ def execute(args: argparse.Namespace) -> int:
     )
 
 
-def forwarder(args: argparse.Namespace) -> EventForwarder | None:
-    """The event sink for ``run --manager``, or None without ``--manager``."""
+def forwarder(
+    args: argparse.Namespace, observe: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+) -> EventForwarder | None:
+    """The event sink for ``run --manager`` (with *observe*: each exit's observation after it), or
+    None without ``--manager``."""
     manager = flags.value(args, "manager")
     if manager is None:
         return None
     from oomguard.agent import EventForwarder
 
-    return EventForwarder(manager, _token(args), _node(args), _spool(args), labels=_labels(args))
+    return EventForwarder(manager, _token(args), _node(args), _spool(args), labels=_labels(args), observe=observe)

@@ -140,8 +140,11 @@ def _guard(args: argparse.Namespace) -> GuardSettings | None:
 
 
 def execute(args: argparse.Namespace) -> int:
+    import functools
+
     from oomguard.commands.agent import forwarder
     from oomguard.supervisor.events import EventLog
+    from oomguard.supervisor.observe import observation
     from oomguard.supervisor.supervise import RunConfig, Supervisor
 
     min_conc = flags.parse_count(args.min_concurrency, "--min-concurrency") if args.min_concurrency else 1
@@ -165,7 +168,7 @@ def execute(args: argparse.Namespace) -> int:
 
         why = "a FIFO that no process reads" if exc.errno == errno.ENXIO else exc.strerror
         raise UsageError(f"--events: cannot open {args.events}: {why}") from None
-    sink = forwarder(args)
+    sink = forwarder(args, functools.partial(observation, shape=config.shape) if config.shape else None)
     if sink is not None:
         log.sinks.append(sink)
     try:

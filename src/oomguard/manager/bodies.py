@@ -290,7 +290,9 @@ class ObservationIn(BaseModel):
     declared_per_job_bytes: Annotated[int, Field(ge=1, le=INT_LIMIT, description="The size each job was given")]
     peak_per_job_bytes: Annotated[Size, Field(description="The peak one job was seen to reach")]
     declared_baseline_bytes: Annotated[Size, Field(description="The baseline declared")]
-    peak_baseline_bytes: Annotated[Size, Field(description="The working set before the jobs, at its peak")]
+    peak_baseline_bytes: Annotated[
+        Size | None, Field(description="The working set before the jobs, at its peak; null: not measured")
+    ] = None
     concurrency: Annotated[int, Field(ge=1, le=1_000_000, description="Jobs at once")]
     outcome: Literal["ok", "oom-kill", "pressure-stop"]
     time: Annotated[str, Field(max_length=64, description="When the run ended (ISO 8601)")]
@@ -308,6 +310,7 @@ class ObservationEnvelope(BaseModel):
     node: NodeName
     id: IngestId
     observation: ObservationIn
+    labels: Labels | None = None
 
 
 class Stored(BaseModel):

@@ -14,7 +14,8 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
 - **Per job**: the weighted ``PERCENTILE`` (98th) of the observed per-job peaks, plus ``MARGIN``
   (10 %): Autopilot's P98 with a 10-15 % safety margin for jobs that cannot tolerate an OOM kill.
   A peak seen in a run that was killed is counted too: it is at most what the job needed.
-- **Baseline**: the same rule over the observed baselines.
+- **Baseline**: the same rule over the observed baselines (those measured: ``run --profile``
+  sends none, and the newest run's declared baseline stands in).
 - **Floor**: an OOM kill or a pressure stop of the profile in the node's class raises that class's
   per-job floor at once to ``OOM_BUMP`` (1.3) times the larger of the size it ran at and the peak
   seen, for as long as it is in the window. A recommendation is never below its class's floor, so
@@ -22,6 +23,8 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   after one kill. (The Kubernetes VPA bumps by x1.2 or +100 MiB, whichever is more, on top of its
   percentile: a job 25 % over is killed twice before it fits;
   vertical-pod-autoscaler/pkg/recommender/model/container.go, ``RecordOOM``.)
+- **At least** ``MIN_PER_JOB`` (1 MiB): a run whose jobs rose nothing above the baseline still
+  gets a size a plan can divide by (the VPA's floor is 250 MB, ``podMinMemoryMb``).
 - **Which scope**: the node's own samples when it has ``MIN_SAMPLES`` (3) or more; else its class's;
   else the fleet's; else the size declared (``source: declared``): a new node of a known class
   starts from what its class has learned, never from nothing.
@@ -59,6 +62,7 @@ PERCENTILE = 0.98
 MARGIN = 0.10
 OOM_BUMP = 1.3
 MIN_SAMPLES = 3
+MIN_PER_JOB = 1 << 20  # a learned size is never below 1 MiB (a job that rose 0 bytes still needs some)
 CONFIDENCE_K = 5.0
 OUTCOMES = ("ok", "oom-kill", "pressure-stop")
 FAILURES = ("oom-kill", "pressure-stop")
@@ -76,7 +80,7 @@ class Sample:
     declared_per_job: int
     peak_per_job: int
     declared_baseline: int
-    peak_baseline: int
+    peak_baseline: int | None  # None: not measured
     concurrency: int
     outcome: str
 
@@ -190,11 +194,13 @@ def recommend(
         used = found[:MAX_SAMPLES]
         weighted = [(s, weight(now_ms - s.received_ms)) for s in used]
         n_eff = sum(w for _, w in weighted)
-        job = _grown(weighted_percentile([(s.peak_per_job, w) for s, w in weighted], PERCENTILE))
-        base = _grown(weighted_percentile([(s.peak_baseline, w) for s, w in weighted], PERCENTILE))
+        job = max(MIN_PER_JOB, _grown(weighted_percentile([(s.peak_per_job, w) for s, w in weighted], PERCENTILE)) or 0)
+        measured = [(s.peak_baseline, w) for s, w in weighted if s.peak_baseline is not None]
+        base = _grown(weighted_percentile(measured, PERCENTILE)) if measured else declared_base
         said.append(
             f"{name}: the weighted P{round(PERCENTILE * 100)} of {len(used)} sample(s) (half-life 48 h) "
-            f"+ {round(MARGIN * 100)} %: per job {job} bytes, baseline {base} bytes"
+            f"+ {round(MARGIN * 100)} %: per job {job} bytes, "
+            + (f"baseline {base} bytes" if measured else f"baseline not measured: the declared {base} bytes")
         )
         source = scope
         break

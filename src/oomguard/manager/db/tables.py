@@ -128,7 +128,7 @@ observations = Table(
     Column("declared_per_job_bytes", BigInteger, nullable=False),
     Column("peak_per_job_bytes", BigInteger, nullable=False),
     Column("declared_baseline_bytes", BigInteger, nullable=False),
-    Column("peak_baseline_bytes", BigInteger, nullable=False),
+    Column("peak_baseline_bytes", BigInteger),
     Column("concurrency", Integer, nullable=False),
     Column("outcome", String(16), nullable=False),
     Index("ix_observations_profile_time", "profile", "received_ms"),

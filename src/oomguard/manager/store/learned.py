@@ -50,7 +50,7 @@ def _samples(conn: Connection, profile: str, since_ms: int, *where: Any) -> dict
             declared_per_job=int(r[4]),
             peak_per_job=int(r[5]),
             declared_baseline=int(r[6]),
-            peak_baseline=int(r[7]),
+            peak_baseline=None if r[7] is None else int(r[7]),
             concurrency=int(r[8]),
             outcome=str(r[9]),
         )

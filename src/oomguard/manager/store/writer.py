@@ -187,6 +187,9 @@ class Writer:
             stored = conn.execute(
                 statement.on_conflict_do_nothing(index_elements=["ingest_id"]).returning(observations.c.id)
             ).first()
+            labels = labels_json(env.labels)
+            if stored is not None and labels is not None:
+                _set_labels(conn, {node_id: labels})
             return stored is not None
 
         return bool(await self.committer.submit_async(write, 512))

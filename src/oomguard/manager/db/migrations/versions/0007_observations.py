@@ -28,7 +28,7 @@ def upgrade() -> None:
         sa.Column("declared_per_job_bytes", sa.BigInteger, nullable=False),
         sa.Column("peak_per_job_bytes", sa.BigInteger, nullable=False),
         sa.Column("declared_baseline_bytes", sa.BigInteger, nullable=False),
-        sa.Column("peak_baseline_bytes", sa.BigInteger, nullable=False),
+        sa.Column("peak_baseline_bytes", sa.BigInteger),
         sa.Column("concurrency", sa.Integer, nullable=False),
         sa.Column("outcome", sa.String(16), nullable=False),
     )
