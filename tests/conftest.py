@@ -48,15 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for name in _markers(item):
             item.add_marker(name)
             if name == "postgres":
-                # Under `make test`'s coverage the PostgreSQL variants run unmeasured (pytest-cov's
+                # Under coverage (make test COV=1, make cov) the PostgreSQL variants run unmeasured (pytest-cov's
                 # no_cover): they run the SQLite variants' code but for the dialect branches, and
                 # tracing costs much (test_manager_fuzz.py's SQLite half: 41 s bare, 71 s traced).
                 item.add_marker("no_cover")
 
 
 # The fifth marker, ``slow``, is given by hand to a test that takes over SLOW_S on its own here
-# (`make test-fast` leaves those out). Which tests those are drifts as the suite changes: a run
-# lists at its end the tests that took twice that and that the quick loop would run (none of the
+# (`make test-fast` leaves those out). Which tests those are drifts as the suite changes: a quick
+# run lists at its end the tests that took twice that and that it ran (none of the
 # five markers): a list, never a failure (speed is measured by bench/, not asserted by tests).
 SLOW_S = 1.5
 FAST_LEAVES_OUT = ("vm", "runtimes", "postgres", "browser", "slow")  # the Makefile's test-fast -m
@@ -69,6 +69,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FAST:  # the full suite's property tests run ten times the examples: their times say nothing here
+        return
     over = sorted(((s, n) for n, s in _unmarked_s.items() if s > 2 * SLOW_S), reverse=True)
     if over:
         terminalreporter.section(f"over {2 * SLOW_S:g} s and in make test-fast: mark them slow (pyproject.toml)")
