@@ -386,6 +386,7 @@ def test_the_forget_form_believes_x_forwarded_host_only_from_a_trusted_proxy(
 # -- the agent needs no change -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_agent_with_its_own_token_delivers_and_with_another_nodes_exits_77(
     live: ManagerProcess, tmp_path: Path
 ) -> None:
