@@ -389,3 +389,22 @@ def test_metrics_carry_each_class_s_recommendation_and_floor(db_url: str) -> Non
         assert gauge("floor_per_job_bytes", "h100") == math.ceil(15 * GiB * OOM_BUMP)
         assert gauge("recommended_per_job_bytes", "h100") == math.ceil(15 * GiB * OOM_BUMP)
         assert gauge("samples", "h100") == 4
+
+
+def test_a_scope_older_than_the_fleet_s_newest_is_read_on_its_own(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's and the class's samples come from the fleet's read while that holds the whole
+    window, and from reads of their own once it does not (here: a window of 5 samples)."""
+    from oomguard.manager import learning
+
+    clock = Clock(NOW - 60_000)
+    with app_of(db_url, make_store(db_url, clock)) as c:
+        for i in range(3):
+            observe(c, f"old{i}", node_class="c1", peak_per_job_bytes=12 * GiB)
+        clock.t = NOW
+        for i in range(6):
+            observe(c, f"new{i}", node_class="c2", peak_per_job_bytes=20 * GiB)
+        whole = advice(c, node="old1", node_class="c1"), advice(c, node_class="c1")
+        monkeypatch.setattr(learning, "MAX_SAMPLES", 5)
+        assert (advice(c, node="old1", node_class="c1"), advice(c, node_class="c1")) == whole
+        assert whole[1]["source"] == "class" and whole[1]["per_job_bytes"] == math.ceil(12 * GiB * (1 + MARGIN))
+        assert advice(c)["samples"] == 5  # the fleet's own read: the newest 5

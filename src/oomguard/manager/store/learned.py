@@ -2,8 +2,9 @@
 (``oomguard.manager.learning``: the rule). Computed on each read from the ``observations`` table
 and the time, so every replica on one database gives the same answer at the same time.
 
-Three bounded reads, each the newest ``learning.MAX_SAMPLES`` of the window: the node's own, its
-class's, the fleet's (by the indexes on node and time, profile, class and time, profile and time).
+Bounded reads, each the newest ``learning.MAX_SAMPLES`` of the window: the fleet's (by the index
+on profile and time), then the node's own and its class's (on node and time, profile, class and
+time) only when the fleet's did not hold the whole window.
 The node's class: the one asked for, else the class of the node's newest observation (of this
 profile, else of any), else the one derived from its latest report; unknown for a node the
 manager has never heard of.
@@ -58,6 +59,25 @@ def _samples(conn: Connection, profile: str, since_ms: int, *where: Any) -> dict
     }
 
 
+def _scope(
+    conn: Connection,
+    fleet: dict[int, learning.Sample],
+    since_ms: int,
+    *,
+    profile: str,
+    node: tuple[int, str] | None = None,
+    node_class: str | None = None,
+) -> dict[int, learning.Sample]:
+    """The newest samples of one node (*node*: its id and name) or one class: picked from the
+    *fleet*'s read when that holds the whole window (fewer than ``MAX_SAMPLES``), else read."""
+    if len(fleet) < learning.MAX_SAMPLES:
+        if node is not None:
+            return {i: s for i, s in fleet.items() if s.node == node[1]}
+        return {i: s for i, s in fleet.items() if s.node_class == node_class}
+    where = observations.c.node_id == node[0] if node is not None else observations.c.node_class == node_class
+    return _samples(conn, profile, since_ms, where)
+
+
 def node_class_of(conn: Connection, profile: str, node_id: int) -> str | None:
     """The class the node's newest observation was stored with (of *profile*, else of any), else
     the one derived from its latest report."""
@@ -85,12 +105,11 @@ def recommendation(
     if node_class is None and node_id is not None:
         node_class = node_class_of(conn, profile, int(node_id))
     since = now - learning.WINDOW_MS
-    found: dict[int, learning.Sample] = {}
-    if node_id is not None:
-        found |= _samples(conn, profile, since, observations.c.node_id == node_id)
+    found = fleet = _samples(conn, profile, since)
+    if node_id is not None and node is not None:
+        found = found | _scope(conn, fleet, since, profile=profile, node=(int(node_id), node))
     if node_class is not None:
-        found |= _samples(conn, profile, since, observations.c.node_class == node_class)
-    found |= _samples(conn, profile, since)
+        found = found | _scope(conn, fleet, since, profile=profile, node_class=node_class)
     answer = learning.recommend(now, node, node_class, list(found.values()), iso_ms)
     return {
         "profile": profile,
@@ -121,7 +140,8 @@ def by_class(conn: Connection, now: int) -> list[dict[str, Any]]:
     for profile, node_class, _ in pairs:
         if profile not in fleets:
             fleets[profile] = _samples(conn, profile, since)
-        found = fleets[profile] | _samples(conn, profile, since, observations.c.node_class == node_class)
+        fleet = fleets[profile]
+        found = fleet | _scope(conn, fleet, since, profile=profile, node_class=node_class)
         answer = learning.recommend(now, None, node_class, list(found.values()), iso_ms)
         out.append({"profile": profile, "node_class": node_class, "answer": answer})
     return out
