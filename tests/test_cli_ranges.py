@@ -255,7 +255,7 @@ def _options(command: str) -> list[tuple[str, str | None]]:
 # Around the drawn flags: what keeps each command quick and harmless (later flags win in argparse).
 BEFORE = {"plan": ["--per-job", "4KiB"], "verify": ["--per-job", "64KiB"], "agent": ["--manager", "http://127.0.0.1:9"]}
 AFTER = {
-    "verify": ["--budget", "1MiB", "--max-jobs", "2"],
+    "verify": ["--budget", "1MiB", "--max-jobs", "2", "--hold", "0"],  # not 3 s of holding per example
     "agent": ["--once"],
     "run": ["--budget", "1MiB", "--restart", "never", "--", "true"],
 }

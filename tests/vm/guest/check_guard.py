@@ -35,7 +35,7 @@ from tests.vm.guest.cg import PYTHON, Group, MiB, oomguard_env, read_events
 
 GroupFactory = Callable[..., Group]
 
-# Grows by 2 MiB every 50 ms until SIGTERM (written to argv[1], then exit 0). With argv[2] "high":
+# Grows by 4 MiB every 50 ms until SIGTERM (written to argv[1], then exit 0). With argv[2] "high":
 # once its own group's memory.high is no longer "max", it touches 1 MiB more, prints memory.high and
 # the group's memory.events "high" count, and exits 0 ("over": the same, 0.5 s later, so that the
 # guard has polled what the kernel said); with "crawl" it goes on growing under it.
@@ -53,7 +53,7 @@ def touch(n):
     c = bytearray(n); c[::4096] = b'x' * len(range(0, n, 4096)); return c
 chunks = []
 while mode not in ('high', 'over') or high() == 'max':
-    chunks.append(touch(2 << 20))
+    chunks.append(touch(4 << 20))
     time.sleep(0.05)
 chunks.append(touch(1 << 20))
 time.sleep(0.5 if mode == 'over' else 0)
