@@ -528,13 +528,18 @@ class Lab:
         """Run a runtime's start command; podman's stdout (the container's id).
 
         runc and crun hand their own stdio to the container's PID 1, which keeps it open: no pipe
-        to wait on there, a file for stderr instead.
+        to wait on there, a file for stderr instead. The start command runs in *where*: podman's
+        conmon, which stays in the directory it was started in, marks each OOM event of the
+        container with ``open("oom", O_CREAT, 0666)`` there (conmon's OOM handler), which left an
+        empty ``oom`` in the checkout's root after every full run.
         """
         where.mkdir(parents=True, exist_ok=True)
         err = where / "runtime.stderr"
         out = subprocess.PIPE if runtime == "podman" else subprocess.DEVNULL
         with err.open("w") as f:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=f, text=True, timeout=TIMEOUT_S)
+            proc = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=f, text=True, timeout=TIMEOUT_S, cwd=where
+            )
         if proc.returncode != 0:
             why = f"{argv[0]} exited {proc.returncode}: {err.read_text().strip()[-1500:]}"
             if runtime not in self.started:  # it never could: say why and skip, here and after
