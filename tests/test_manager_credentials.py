@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from fastapi.testclient import TestClient
 
 from oomguard.manager.app import create_app
@@ -230,6 +232,36 @@ def test_the_cap_holds_for_concurrent_new_nodes(db_url: str) -> None:
             codes = list(pool.map(lambda b: c.post(REPORTS, json=b, headers=AGENT_H).status_code, bodies))
         assert Counter(codes) == {200: 5, 429: 15}
         assert c.get("/api/v1/nodes", headers=VIEWER_H).json()["total"] == 5
+
+
+def test_a_restarted_manager_looks_up_none_of_the_nodes_it_read_at_start(db_url: str) -> None:
+    """At start the manager reads the nodes' names and ids once (``app.warm``): after a restart the
+    first report of each known node makes no lookup of it (the new-node cap's read, the writer's
+    node id); a new node's first report still does, and still counts against the cap."""
+    with app_client(db_url, agent_token=AGENT) as c:
+        for i in range(5):
+            assert c.post(REPORTS, json=envelope(f"old-{i}", fixture_report()), headers=AGENT_H).status_code == 200
+    client = app_client(db_url, agent_token=AGENT, max_new_nodes=6)  # the five old ones were new this hour
+    app: Any = client.app
+    lookups: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if "FROM nodes" in statement and "nodes.name =" in statement:
+            lookups.append(str(parameters))
+
+    with client as c:
+        deadline = time.monotonic() + 30
+        while not app.state.new_nodes.known("old-0"):
+            assert time.monotonic() < deadline, "the node names were not read at start"
+            time.sleep(0.02)
+        sqlalchemy.event.listen(app.state.store.engine, "before_cursor_execute", seen)
+        for i in range(5):
+            assert c.post(REPORTS, json=envelope(f"old-{i}", fixture_report()), headers=AGENT_H).status_code == 200
+        assert lookups == []
+        assert c.post(REPORTS, json=envelope("new-0", fixture_report()), headers=AGENT_H).status_code == 200
+        assert lookups and all("new-0" in p for p in lookups), lookups
+        assert c.post(REPORTS, json=envelope("new-1", fixture_report()), headers=AGENT_H).status_code == 429
+        sqlalchemy.event.remove(app.state.store.engine, "before_cursor_execute", seen)
 
 
 # -- failed-token limits -------------------------------------------------------------------------

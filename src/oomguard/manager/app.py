@@ -14,6 +14,8 @@ served from here: see ``docs_page``. There is no ``/redoc``.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from html import escape
@@ -38,7 +40,7 @@ from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth
 from oomguard.manager.web import api, forget, pages, views
-from oomguard.manager.web.credentials import NewNodes
+from oomguard.manager.web.credentials import MAX_KNOWN, NewNodes
 from oomguard.manager.web.middleware import AllowedHosts, BodyLimit, Headers
 from oomguard.manager.web.pages import viewer_pages
 from oomguard.manager.web.proxies import TrustedProxies
@@ -47,6 +49,7 @@ from oomguard.manager.web.sessions import FailureLimiter, Sessions
 DESCRIPTION = (
     "Every node's memory truth and OOM history. Agents POST reports and events; readers GET nodes, alerts and metrics."
 )
+log = logging.getLogger("oomguard.manager")
 RETRY_AFTER_S = 5
 DOCS_ASSETS = "/docs/assets"
 # Swagger UI's start, read from the page's data-config: the CSP (web/middleware.py) allows scripts
@@ -62,11 +65,24 @@ DOCS_INIT_JS = """"use strict";
 """
 
 
+async def warm(app: FastAPI) -> None:
+    """The fleet's node names, read once at start (``Store.warm``): the writer knows their ids and
+    the new-node cap knows they exist, so the first report of each of them after a restart is no
+    database read and no lookup (``deps.may_write``, ``Writer._node_id``). Without the database
+    now, the first reports look each node up instead, as they would anyway."""
+    try:
+        app.state.new_nodes.seed(await app.state.store.warm(MAX_KNOWN))
+    except Exception as exc:  # nothing of it is needed: each lookup is made later instead
+        log.warning("oomguard manager: the node names were not read at start (%s); each is looked up later", exc)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Retention passes while the app serves."""
+    """Retention passes while the app serves; the node names read once, beside the first requests."""
     retention = RetentionThread(app.state.store.thin, app.state.settings.thin_every_s).start()
+    warming = asyncio.create_task(warm(app))
     yield
+    warming.cancel()
     retention.stop()
 
 

@@ -89,6 +89,10 @@ class Store:
         """Store an observation (received now); False when its id was stored before."""
         return await self._writer.observation(env)
 
+    async def warm(self, limit: int) -> list[str]:
+        """The names of up to *limit* nodes, their ids cached for the writer (``Writer.warm``)."""
+        return await self._writer.warm(limit)
+
     async def forget_node(self, name: str) -> bool:
         """Delete the node *name* and all its rows (reports, events); False when there is no such
         node. A later report or event from it starts it anew. The caller checks the admin token."""

@@ -113,6 +113,11 @@ class NewNodes:
                 self._known.clear()
             self._known.add(name)
 
+    def seed(self, names: list[str]) -> None:
+        """Remember *names* as existing (the nodes read at start), up to ``MAX_KNOWN``."""
+        with self._lock:
+            self._known.update(names[: max(0, MAX_KNOWN - len(self._known))])
+
     def admit(self, name: str, now_ms: int, db_count: int, db_oldest_ms: int | None) -> int:
         """0 when *name* may be created now (and it is counted); else the seconds to wait."""
         since = now_ms - WINDOW_MS

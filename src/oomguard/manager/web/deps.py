@@ -72,8 +72,20 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
-StoreDep = Annotated[Store, Depends(get_store)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+# The dependencies are ``async def`` though they never await. FastAPI's docs, "Concurrency and
+# async / await", "Dependencies": "If a dependency is a standard def function instead of async
+# def, it is run in the external threadpool": a hand-off to a worker thread and back, for each
+# dependency of each request. These only read the app's state and compare tokens in memory.
+async def _store(request: Request) -> Store:
+    return get_store(request)
+
+
+async def _settings(request: Request) -> Settings:
+    return get_settings(request)
+
+
+StoreDep = Annotated[Store, Depends(_store)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
 
 
 def _unauthorized() -> HTTPException:
@@ -125,7 +137,7 @@ NO_ADMIN_TOKEN = (
 )
 
 
-def require_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+async def require_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
     """Operator actions (forgetting a node): the admin token; 403 when the manager has none."""
     if get_settings(request).admin_token is None:
         raise HTTPException(403, NO_ADMIN_TOKEN)
@@ -145,7 +157,7 @@ def agent_credential(settings: Settings, given: str | None) -> AgentCredential |
     return None
 
 
-def require_agent(request: Request, authorization: Annotated[str | None, Header()] = None) -> AgentCredential:
+async def require_agent(request: Request, authorization: Annotated[str | None, Header()] = None) -> AgentCredential:
     """API writes: the node's own token or the fleet-wide agent token (401; 429 past the limits)."""
     found: list[AgentCredential] = []
 
@@ -190,7 +202,7 @@ async def may_write(request: Request, credential: AgentCredential, node: str) ->
         )
 
 
-def require_viewer(
+async def require_viewer(
     request: Request,
     authorization: Annotated[str | None, Header()] = None,
     oomguard_session: Annotated[str | None, Cookie(alias=COOKIE)] = None,

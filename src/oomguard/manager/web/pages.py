@@ -42,7 +42,7 @@ async def login_redirect(request: Request, exc: Exception) -> Response:
     return RedirectResponse(f"/login?next={urllib.parse.quote(target)}", status_code=303)
 
 
-def require_viewer_page(
+async def require_viewer_page(
     request: Request,
     authorization: Annotated[str | None, Header()] = None,
     oomguard_session: SessionCookie = None,
