@@ -679,3 +679,23 @@ def test_the_store_forgets_for_the_dashboard(db_url: str) -> None:
     again = ReportEnvelope.model_validate(envelope("dash", fixture_report()))
     assert asyncio.run(store.ingest_report_async(again, json.dumps(again.report)))
     assert store.list_nodes()["total"] == 1
+
+
+def test_the_node_page_s_timeline_is_the_same_page_of_the_node_s_events(db_url: str) -> None:
+    """``node_detail(timeline=(limit, offset))`` cuts the page from the events it read when the
+    page lies among them, and reads it when it does not: both equal ``node_events``."""
+    store = Store(make_engine(db_url))
+    env = ReportEnvelope.model_validate(envelope("pages", fixture_report()))
+    assert asyncio.run(store.ingest_report_async(env, json.dumps(env.report)))
+    for i in range(12):
+        ev = EventEnvelope.model_validate(
+            {"node": "pages", "id": f"p{i}", "event": {"event": "start", "concurrency": i}}
+        )
+        assert asyncio.run(store.ingest_event_async(ev, json.dumps({"event": "start", "concurrency": i})))
+    for limit, offset in ((5, 0), (5, 5), (5, 10), (5, 20), (3, 4)):
+        detail = store.node_detail("pages", events_limit=10, timeline=(limit, offset))
+        assert detail is not None
+        assert detail["timeline"] == store.node_events("pages", limit=limit, offset=offset), (limit, offset)
+    last = store.node_detail("pages", events_limit=10, timeline=(5, 10))
+    assert last is not None and [e["concurrency"] for e in last["timeline"]["events"]] == [1, 0]  # the oldest two
+    assert store.node_detail("nobody", timeline=(5, 0)) is None

@@ -134,11 +134,13 @@ class Store:
         events_limit: int = 500,
         history_points: int = HISTORY_POINTS,
         history_since_ms: int | None = None,
+        timeline: tuple[int, int] | None = None,
     ) -> dict[str, Any] | None:
         """The node's summary, open alerts, latest report, its latest *events_limit* events
         (``node_events`` pages through all), and ``history``: at most *history_points* entries
         (downsampled past that; ``history_count`` says how many reports it covers), of the reports
-        received from *history_since_ms* (epoch ms) on, or of all when None."""
+        received from *history_since_ms* (epoch ms) on, or of all when None. *timeline* (limit,
+        offset): also ``timeline``, that page of ``node_events``, read in the same connection."""
         with self.engine.connect() as conn:
             return queries.node_detail(
                 conn,
@@ -149,6 +151,7 @@ class Store:
                 history_points=max(2, history_points),
                 history_since_ms=history_since_ms,
                 line=self.line,
+                timeline=timeline,
             )
 
     def node_events(self, name: str, *, limit: int = 25, offset: int = 0) -> dict[str, Any] | None:

@@ -249,12 +249,15 @@ def node_detail(
     history_points: int,
     history_since_ms: int | None = None,
     line: float = DEFAULT_LINE,
+    timeline: tuple[int, int] | None = None,
 ) -> dict[str, Any] | None:
     """One node: its summary, open alerts, latest whole report, its supervisor's state
     (``supervisor.state``), history (oldest first, at most
     *history_points* entries, downsampled when there are more reports; from *history_since_ms* on
     when given) and its latest *events_limit* events (newest first; ``events_total`` says how many
-    it has: ``node_events`` pages through them all)."""
+    it has: ``node_events`` pages through them all). With *timeline* (limit, offset), also
+    ``timeline``: that page of its events as ``node_events`` gives it, cut from the events read
+    when it lies among them (the node page's first pages: no second read)."""
     row = _node_row(conn, now, interval_ms, name, line)
     if row is None:
         return None
@@ -270,6 +273,13 @@ def node_detail(
     )
     out["history"], out["history_count"] = history.series(conn, row["id"], history_points, history_since_ms)
     out["events"], out["events_total"] = events_page(conn, row["id"], events_limit)
+    if timeline is not None:
+        limit, offset = timeline
+        if offset + limit <= events_limit:
+            page = out["events"][offset : offset + limit]
+        else:
+            page, _ = events_page(conn, row["id"], limit, offset)
+        out["timeline"] = {"node": name, "events": page, "total": out["events_total"], "limit": limit, "offset": offset}
     return out
 
 

@@ -144,21 +144,25 @@ async def node_page(
     points = RAW_REPORTS if RANGES[chosen] <= 86400 else HISTORY_POINTS
     detail = (
         await db_read(
-            request, store.node_detail, name, history_points=points, history_since_ms=chart_since_ms(chosen, now)
+            request,
+            store.node_detail,
+            name,
+            history_points=points,
+            history_since_ms=chart_since_ms(chosen, now),
+            timeline=(TIMELINE_PAGE, _offset(events)),
         )
         if is_valid_node_name(name)
         else None
     )
     if detail is None:
         return missing_node(request, name)
-    timeline = await db_read(request, store.node_events, name, limit=TIMELINE_PAGE, offset=_offset(events))
     chart = Markup(memory_chart(detail["history"], detail["events"], RANGES[chosen], now))  # numbers; labels escaped
     report = conform_report(detail["latest"])
     return render(
         request,
         "node.html",
         node=detail,
-        timeline=timeline or {"events": [], "total": 0, "offset": 0},
+        timeline=detail["timeline"],
         events_page=TIMELINE_PAGE,
         chart=chart,
         report=report,
