@@ -290,8 +290,40 @@ def test_the_tables_are_the_head_revisions(db_url: str) -> None:
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
     revisions = [r.revision for r in ScriptDirectory.from_config(alembic_config(db_url)).walk_revisions()]
-    assert revisions == ["0007", "0006", "0005", "0004", "0003", "0002", "0001"]
+    assert revisions == ["0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
     engine.dispose()
+
+
+def test_row_ids_go_past_the_32_bit_range(db_url: str) -> None:
+    """Revision 0008: ``reports`` and ``events`` (and ``observations``) take ids past 2^31 - 1,
+    where a serial sequence stopped ("nextval: reached maximum value"). The next id is put just
+    below that line, as weeks of a large fleet's reports would leave it, and the reports and
+    events that follow are stored past it."""
+    line = 2**31 - 1
+    with make_client(db_url) as c:
+
+        def event() -> dict[str, Any]:
+            return {"node": "big", "id": uuid.uuid4().hex, "event": {"event": "start", "concurrency": 1}}
+
+        assert c.post("/api/v1/reports", json=envelope("big", fixture_report()), headers=AGENT_H).json()["stored"]
+        assert c.post("/api/v1/events", json=event(), headers=AGENT_H).json()["stored"]
+        engine = make_engine(db_url)
+        with engine.begin() as conn:
+            for table in ("reports", "events"):
+                if conn.dialect.name == "postgresql":  # the sequence's next value: the line
+                    conn.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), {line - 1})"))
+                else:  # SQLite's next rowid is one past the largest
+                    conn.execute(text(f"UPDATE {table} SET id = {line - 1}"))
+        engine.dispose()
+        for _ in range(2):
+            assert c.post("/api/v1/reports", json=envelope("big", fixture_report()), headers=AGENT_H).json()["stored"]
+            assert c.post("/api/v1/events", json=event(), headers=AGENT_H).json()["stored"]
+        detail = c.get("/api/v1/nodes/big", headers=VIEWER_H).json()
+        assert len(detail["history"]) == 3 and len(detail["events"]) == 3
+    with make_engine(db_url).connect() as conn:
+        for table in ("reports", "events"):
+            top = conn.execute(text(f"SELECT max(id) FROM {table}")).scalar()
+            assert top == line + 1, (table, top)
 
 
 @pytest.mark.slow

@@ -12,6 +12,10 @@ from sqlalchemy import BigInteger, Boolean, Column, Float, ForeignKey, Index, In
 
 metadata = MetaData()
 
+# The row id of the tables that grow with every report and event (revision 0008): PostgreSQL's
+# bigint; on SQLite the INTEGER PRIMARY KEY, which is the 64-bit rowid.
+ROW_ID = BigInteger().with_variant(Integer(), "sqlite")
+
 nodes = Table(
     "nodes",
     metadata,
@@ -76,7 +80,7 @@ latest_reports = Table(  # revision 0005: each node's latest report, whole (the 
 reports = Table(
     "reports",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", ROW_ID, primary_key=True),  # revision 0008: 64-bit
     Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
     Column("ingest_id", String(128), nullable=False, unique=True),
     Column("received_ms", BigInteger, nullable=False),
@@ -93,7 +97,7 @@ reports = Table(
 events = Table(
     "events",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", ROW_ID, primary_key=True),  # revision 0008: 64-bit
     Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
     Column("ingest_id", String(128), nullable=False, unique=True),
     Column("received_ms", BigInteger, nullable=False),
@@ -118,7 +122,7 @@ events = Table(
 observations = Table(
     "observations",
     metadata,
-    Column("id", Integer, primary_key=True),
+    Column("id", ROW_ID, primary_key=True),  # revision 0008: 64-bit
     Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
     Column("ingest_id", String(128), nullable=False, unique=True),
     Column("received_ms", BigInteger, nullable=False),
