@@ -385,7 +385,36 @@ class Container:
                 if cmdline == argv:
                     return pid
             time.sleep(0.02)
-        raise AssertionError(f"no process {argv!r} in {self.dir}")
+        raise AssertionError(f"no process {argv!r} in {self.dir} after {timeout:.0f}s\n{self.describe()}")
+
+    def describe(self) -> str:
+        """What the group holds now (each PID's command line and state) and what this container
+        wrote to /out: for a failure's message."""
+        lines = []
+        try:
+            pids = self.pids()
+        except OSError as exc:
+            pids = []
+            lines.append(f"  cgroup.procs: {exc}")
+        for pid in pids:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ").strip()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError as exc:
+                cmd, state = f"({exc.strerror})", "?"
+            lines.append(f"  pid {pid} [{state}] {cmd}")
+        for name in ("memory.events", "memory.current", "memory.stat"):
+            try:
+                text = (self.dir / name).read_text()
+            except OSError:
+                continue
+            if name == "memory.stat":
+                text = " ".join(line for line in text.splitlines() if line.split()[0] in ("anon", "file", "shmem"))
+            lines.append(f"  {name}: {' '.join(text.split())}")
+        for f in sorted(self.lab.out.iterdir()):
+            if f.is_file() and f.stat().st_size < 20_000:
+                lines.append(f"  /out/{f.name}: {f.read_text(errors='replace')[-1500:]!r}")
+        return "\n".join(lines)
 
     def namespaces(self) -> dict[str, int]:
         """Inodes of the pid and cgroup namespaces of the container's processes, read from outside."""
@@ -830,8 +859,11 @@ def runs_in(lab: Lab, runtime: str, *, cgroupns: bool, beside_oom: bool, limit: 
     script = "\n".join(steps)
     c = lab.start(runtime, lab.parent(), ["sh", "-c", script], Limits(limit=limit, swap=limit), cgroupns=cgroupns)
     try:
-        os.kill(c.find(KILLED_FROM_OUTSIDE), signal.SIGKILL)  # from outside the container: an operator's kill -9
-        done = c.wait()
+        # From outside the container: an operator's kill -9. Its step starts after two whole runs
+        # that each fill 64 MiB until the OOM kill: 60-80 s under TCG on an idle host, past the
+        # default 120 s beside a loaded one (CI's run twice), so these waits are longer.
+        os.kill(c.find(KILLED_FROM_OUTSIDE, timeout=5 * TIMEOUT_S), signal.SIGKILL)
+        done = c.wait(timeout=3 * TIMEOUT_S)
         assert done.rc == 0, done
         kernel = kernel_limits(c)
     finally:

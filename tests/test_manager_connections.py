@@ -6,6 +6,7 @@ RLIMIT_NOFILE 1,024:1,024 and 1,024:20,000, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import http.client
 import ipaddress
@@ -320,6 +321,7 @@ def agents_p99(port: int, body_of: Any, spread_s: float = 3.0) -> tuple[float, l
     evenly over *spread_s*: their p99 latency and their statuses."""
     took: list[float] = [0.0] * AGENTS
     status: list[int] = [0] * AGENTS
+    errors: dict[int, str] = {}
     t0 = time.monotonic()
 
     def agent(i: int) -> None:
@@ -331,8 +333,9 @@ def agents_p99(port: int, body_of: Any, spread_s: float = 3.0) -> tuple[float, l
             response = conn.getresponse()
             response.read()
             status[i] = response.status
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException) as exc:
             status[i] = 0
+            errors[i] = type(exc).__name__
         finally:
             conn.close()
         took[i] = time.monotonic() - start
@@ -342,6 +345,8 @@ def agents_p99(port: int, body_of: Any, spread_s: float = 3.0) -> tuple[float, l
         t.start()
     for t in threads:
         t.join()
+    if errors:  # why an agent got no answer, for a failure's message: ConnectionRefusedError, TimeoutError...
+        print(f"agents without an answer: {dict(collections.Counter(errors.values()))}, first at {min(errors)}")
     return sorted(took)[int(AGENTS * 0.99) - 1], status
 
 
@@ -375,8 +380,18 @@ def test_one_client_cannot_take_the_connections_of_the_others(db: str, nofile: t
         body_of = lambda i: json.dumps(envelope(f"a{i}", report)).encode()  # noqa: E731
         agents_p99(manager.port, body_of, spread_s=0.5)  # the agents' nodes exist from now on
         prober = Prober(manager.port, body_file)
-        base_p99, base_status = agents_p99(manager.port, body_of)
-        assert base_status == [200] * AGENTS, base_status
+        # The unattacked round, the measure for the attacked ones. CI's run once had all 200 agents
+        # without an answer here (before the attack; the cause unrecorded: the errors' names are
+        # printed now), so a round with a failure is taken again, up to three; the last is judged.
+        for _ in range(3):
+            base_p99, base_status = agents_p99(manager.port, body_of)
+            if base_status == [200] * AGENTS:
+                break
+            print(f"an unattacked round had {collections.Counter(base_status)}; again")
+        assert base_status == [200] * AGENTS, (
+            f"{collections.Counter(base_status)}; manager exit {manager.proc and manager.proc.poll()}; "
+            f"its log's end: {manager.log()[-3000:]}"
+        )
         with_body = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000\r\n\r\nx"
         attack = time.monotonic()
         held += open_many(manager.port, GET_WITH_BODY, with_body)
