@@ -30,6 +30,7 @@ from oomguard.manager.learning import (
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
 from oomguard.manager.times import iso_ms
+from oomguard.manager.web.credentials import node_token
 from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, Clock, ingest, local_client, make_store
 from tests.manager_helpers import db_url_of as _db_url_of
 
@@ -324,6 +325,29 @@ def test_the_routes_need_their_tokens_and_check_their_parameters(db_url: str) ->
         assert c.get("/api/v1/profiles/p/recommendation").status_code == 401
         assert c.get("/api/v1/profiles/p/recommendation", params={"node": "a b"}, headers=VIEWER_H).status_code == 422
         assert c.get("/api/v1/profiles/p%00/recommendation", headers=VIEWER_H).status_code == 422
+
+
+def test_an_agent_reads_its_own_node_s_recommendation_with_the_token_it_reports_with(db_url: str) -> None:
+    """``plan --learned`` and ``run --learned`` ask with the agent's token: the fleet-wide one for
+    any node, a node's own for that node only (403 for another; its node when none is named)."""
+    secret = "fleet-secret-for-the-learning-tests-0123"
+    settings = Settings(db_url=db_url, agent_token="agent-secret-token", viewer_token=VIEWER, fleet_secrets=(secret,))
+    store = make_store(db_url, Clock(NOW))
+    with local_client(create_app(settings, store)) as c:
+        for node in ("a1", "a2", "a3"):
+            observe(c, node, node_class="a100", peak_per_job_bytes=12 * GiB)
+        url = "/api/v1/profiles/cuzk-porep/recommendation"
+        fleet = c.get(url, params={"node": "a9", "node_class": "a100"}, headers=AGENT_H)
+        assert fleet.status_code == 200 and fleet.json()["source"] == "class", fleet.text
+        own = {"Authorization": f"Bearer {node_token(secret, 'a1')}"}
+        mine = c.get(url, headers=own)
+        assert mine.status_code == 200 and mine.json()["node"] == "a1" and mine.json()["node_class"] == "a100"
+        assert c.get(url, params={"node": "a1"}, headers=own).json() == mine.json()
+        other = c.get(url, params={"node": "a2"}, headers=own)
+        assert other.status_code == 403 and "another node" in other.json()["detail"]
+        assert c.get(url, headers={"Authorization": "Bearer not-a-token-of-this-fleet"}).status_code == 401
+        assert c.get(url).status_code == 401
+        assert c.get(url, params={"node": "a2"}, headers=VIEWER_H).json()["node"] == "a2"  # a reader: any node
 
 
 def test_forgetting_a_node_forgets_its_lessons(db_url: str) -> None:

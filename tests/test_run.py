@@ -236,7 +236,9 @@ def test_env_placeholders_and_exit_status(tmp_path: Path) -> None:
         "working_set_peak_bytes",
         "warnings",
         "message",
+        "learned",
     }
+    assert start["learned"] is None  # no --learned
     assert (exit_["guard_margin_bytes"], exit_["working_set_peak_bytes"]) == (None, None)  # no --guard
     assert start["limited_by"] == exit_["limited_by"] is not None  # where the ceiling came from, on every event
     assert start["time"].endswith("Z") and "T" in start["time"]

@@ -28,6 +28,7 @@ __all__ = [
     "__version__",
     "capture",
     "format_size",
+    "learned_shape",
     "make_plan",
     "open_root",
     "parse_size",
@@ -43,6 +44,7 @@ _LAZY = {
     "ReservationTooLarge": "runtime.reserve",
     "Shape": "policy.plan",
     "make_plan": "policy.plan",
+    "learned_shape": "agent.learned",
     "resolve_budget": "policy.budget",
     "Report": "_types",
     "Root": "sources.root",
@@ -63,6 +65,7 @@ _LAZY = {
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Report
+    from oomguard.agent.learned import learned_shape
     from oomguard.commands.render import to_json
     from oomguard.errors import BadParameter, OomguardError, SnapshotError, ThresholdError, UsageError
     from oomguard.policy.budget import probe, resolve_budget

@@ -65,7 +65,7 @@ class Outcome:
         return self.kind in ("retry", "server")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
+class NoRedirect(urllib.request.HTTPRedirectHandler):
     """Turn every 3xx into an ``HTTPError``: a redirected POST would come back as a body-less GET."""
 
     def redirect_request(  # noqa: PLR0917 (the base class's signature)
@@ -105,7 +105,7 @@ def check_token(token: str) -> str:
     return token
 
 
-def _network_why(err: BaseException) -> str:
+def network_why(err: BaseException) -> str:
     if isinstance(err, urllib.error.URLError) and isinstance(err.reason, BaseException):
         err = err.reason
     if isinstance(err, ConnectionRefusedError):
@@ -180,7 +180,7 @@ class Client:
         self.manager = check_manager(manager)
         self.token = check_token(token)
         self.timeout = timeout
-        self._opener = urllib.request.build_opener(_NoRedirect())
+        self._opener = urllib.request.build_opener(NoRedirect())
 
     def url(self, kind: str) -> str:
         if kind not in ENDPOINTS:
@@ -215,4 +215,4 @@ class Client:
         except urllib.error.HTTPError as e:
             return http_outcome(e)
         except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
-            return Outcome("retry", None, _network_why(e))
+            return Outcome("retry", None, network_why(e))

@@ -31,6 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_shape(parser)
     flags.add_budget(parser)
     flags.add_gpu(parser)
+    from oomguard.commands.learned import add_learned
+
+    add_learned(parser, fleet=True)
 
 
 def _list_profiles(args: argparse.Namespace) -> int:
@@ -82,14 +85,21 @@ def execute(args: argparse.Namespace) -> int:
     require = flags.parse_count(args.require_jobs, "--require-jobs") if args.require_jobs else None
     shape = flags.shape_from(args)
     assert shape is not None
+    from oomguard.commands.learned import learner
+
+    learn = learner(args, shape)
     report = flags.probe_from(args)
+    learned = None
+    if learn is not None:
+        shape, learned = learn(shape, report)
     result = make_plan(report, shape)
     if args.json:
         from oomguard.commands.render import to_json
 
-        sys.stdout.write(to_json({**result, "report": report}) + "\n")
+        extra = {} if learned is None else {"learned": learned}
+        sys.stdout.write(to_json({**result, **extra, "report": report}) + "\n")
     else:
-        sys.stdout.write(format_plan(result, report))
+        sys.stdout.write(format_plan(result, report, learned))
     if require is not None:
         from oomguard.policy.budget import gate_over_limit
 
@@ -99,7 +109,7 @@ def execute(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def format_plan(result: Plan, report: Report) -> str:
+def format_plan(result: Plan, report: Report, learned: Mapping[str, object] | None = None) -> str:
     from oomguard.policy.plan import CONSTRAINTS
 
     capacity: Mapping[str, object] = result["capacity"]
@@ -111,6 +121,7 @@ def format_plan(result: Plan, report: Report) -> str:
         f"  headroom   {format_size(result['headroom_bytes'])}",
         f"  budget     {format_size(b['bytes'])} ({b['source']}; "
         f"ceiling {format_size(report['memory']['effective_bytes'])}, {report['memory']['limited_by']})",
+        *([f"  learned    {learned['why']}"] if learned is not None else []),
         f"Warnings ({len(report['warnings'])})",
         *(f"  {w['code']}: {w['message']}" for w in report["warnings"]),
     ]

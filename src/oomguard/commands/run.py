@@ -100,6 +100,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_allow_over_limit(parser)
     flags.option(parser, "--events", "append events as JSON lines to FILE", "FILE")
     add_fleet_options(parser, run=True)
+    from oomguard.commands.learned import add_learned
+
+    add_learned(parser, fleet=False)
     parser.add_argument("worker", nargs=argparse.REMAINDER, metavar="CMD ARGS", help="the worker's command line")
 
 
@@ -140,19 +143,19 @@ def _guard(args: argparse.Namespace) -> GuardSettings | None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    import functools
-
     from oomguard.commands.agent import forwarder
+    from oomguard.commands.learned import learner
     from oomguard.supervisor.events import EventLog
     from oomguard.supervisor.observe import observation
     from oomguard.supervisor.supervise import RunConfig, Supervisor
 
     min_conc = flags.parse_count(args.min_concurrency, "--min-concurrency") if args.min_concurrency else 1
+    shape = flags.shape_from(args, required=False)
     config = RunConfig(
         worker_argv(args),
         budget=args.budget,
         margin=args.margin,
-        shape=flags.shape_from(args, required=False),
+        shape=shape,
         policy=_policy(args),
         on_oom=args.on_oom,
         min_concurrency=max(1, min_conc),
@@ -160,6 +163,7 @@ def execute(args: argparse.Namespace) -> int:
         isolate=args.isolate,
         guard=_guard(args),
         allow_over_limit=flags.allowed_over_limit(args),
+        learn=learner(args, shape),
     )
     try:
         log = EventLog(args.events)
@@ -168,11 +172,14 @@ def execute(args: argparse.Namespace) -> int:
 
         why = "a FIFO that no process reads" if exc.errno == errno.ENXIO else exc.strerror
         raise UsageError(f"--events: cannot open {args.events}: {why}") from None
-    sink = forwarder(args, functools.partial(observation, shape=config.shape) if config.shape else None)
+    supervisor = Supervisor(config, log)
+    # Each exit's observation is of the shape that run had: the declared one, or --learned's.
+    observe = (lambda exit_event: observation(exit_event, supervisor.shape)) if config.shape else None
+    sink = forwarder(args, observe)
     if sink is not None:
         log.sinks.append(sink)
     try:
-        return Supervisor(config, log).run()
+        return supervisor.run()
     finally:
         log.close()
         if sink is not None:

@@ -39,13 +39,17 @@ import difflib
 import os
 import re
 import signal
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from oomguard.errors import UsageError
 from oomguard.policy.plan import Shape
 from oomguard.supervisor.restart import RestartPolicy
 from oomguard.units import GiB, format_size_exact, parse_size_or_percent
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from oomguard._types import Report
 
 ALWAYS = ("budget_bytes", "budget", "budget_gib")
 WITH_PLAN = ("concurrency", "per_job_bytes", "jobs_budget_bytes", "jobs_bytes")
@@ -182,6 +186,7 @@ class RunConfig:
         isolate: bool = False,
         guard: GuardSettings | None = None,
         allow_over_limit: bool = False,
+        learn: Callable[[Shape, Report], tuple[Shape, dict[str, Any]]] | None = None,
     ) -> None:
         if not command:
             raise UsageError("run: missing the command to run (oomguard run [options] -- CMD ARGS...)")
@@ -201,6 +206,8 @@ class RunConfig:
         self.isolate = isolate
         self.allow_over_limit = allow_over_limit  # an explicit budget above the ceiling may start
         self.guard = guard
+        # --learned: (declared shape, this start's report) -> (the shape to plan with, the decision)
+        self.learn = learn if shape is not None else None
 
 
 def worker_values(budget: int, concurrency: int | None, shape: Shape | None) -> dict[str, str]:

@@ -7,7 +7,7 @@ Every event has the same keys (null where they do not apply)::
      "reason": "oom-kill"|"pressure-stop"|"signal"|"exit"|"clean", "exit_code", "signal",
      "oom_kills", "oom_victim": "worker"|"descendant"|"group",
      "duration_s", "delay_s", "peak_bytes", "peak_source", "outside_bytes",
-     "guard_margin_bytes", "working_set_peak_bytes", "warnings", "message"}
+     "guard_margin_bytes", "working_set_peak_bytes", "warnings", "message", "learned"}
 
 ``effective_bytes`` and ``limited_by`` are the hard ceiling the budget was computed from and
 where it came from (the report's ``memory`` section), so a limit change shows as such;
@@ -19,6 +19,8 @@ after an OOM kill or a pressure stop, ``outside_bytes``, the anonymous memory of
 processes outside the worker's tree, in words when it is a meaningful share (``neighbour_note``).
 With ``--guard``, ``guard_margin_bytes`` is the margin below the ceiling where the guard stops
 the worker and ``working_set_peak_bytes`` the highest working set it sampled (``supervisor/guard.py``).
+With ``--learned``, ``learned`` is the decision of the start (``policy/learned.py``): the per-job
+size and baseline declared, learned and used, where the answer came from, and why.
 
 ``--events FILE`` is opened without blocking (``open_events``): a FIFO nobody reads is an error at
 once, not a hang. A write that fails later (a full disk) is said once on stderr and the events go on
@@ -60,6 +62,7 @@ FIELDS = (
     "working_set_peak_bytes",
     "warnings",
     "message",
+    "learned",
 )
 
 
@@ -161,6 +164,9 @@ def describe(e: dict[str, Any]) -> str:
         parts.append(f"budget {format_size(e['budget_bytes'])}")
         if e["concurrency"] is not None:
             parts.append(f"concurrency {e['concurrency']}")
+        learned = e.get("learned")
+        if isinstance(learned, dict):  # --learned: the size the jobs were planned at, and why
+            parts.append(f"per job {format_size(learned['per_job_bytes'])} ({learned['why']})")
     if e["reason"] is not None:
         ended = f" (signal {e['signal']})" if e["signal"] is not None else f" (code {e['exit_code']})"
         detail = {"signal": ended, "exit": ended, "pressure-stop": ended}.get(e["reason"], "")

@@ -105,6 +105,8 @@ class Supervisor:
         self._situation: Situation | None = None  # the limits and uncapped plan of the current start
         self._excused: str | None = None  # why the last end asks for no less (a neighbour's memory)
         self._deathsig_reported = False  # PR_SET_PDEATHSIG's failure is told by the first start only
+        self.shape = config.shape  # the shape of the current start: the declared one, or --learned's
+        self.learned: dict[str, Any] | None = None  # --learned's decision for the current start
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -128,11 +130,13 @@ class Supervisor:
 
     # -- one start -------------------------------------------------------------------------
     def _plan(self, report: Report) -> Plan | None:
-        return make_plan(report, self.cfg.shape) if self.cfg.shape is not None else None
+        return make_plan(report, self.shape) if self.shape is not None else None
 
     def _prepare(self) -> tuple[Report, Plan | None, str | None]:
         """(report, plan, what was lifted), computed afresh before each start."""
         report = probe(root=self.root, budget=self.cfg.budget, margin=self.cfg.margin)
+        if self.cfg.learn is not None and self.cfg.shape is not None:  # --learned: asked before each start
+            self.shape, self.learned = self.cfg.learn(self.cfg.shape, report)
         fresh = self._plan({**report, "warnings": []})  # the plan before any lesson of an OOM kill
         self._situation = situation_of(report, fresh["concurrency"] if fresh else None)
         lifted = self.adapt.check(self._situation)
@@ -234,7 +238,7 @@ class Supervisor:
     def _run_once(self, report: Report, ctx: dict[str, Any], lifted: str | None) -> tuple[int, dict[str, Any], float]:
         """Start the worker, wait for it, classify its end: (returncode, event fields, uptime)."""
         budget, concurrency = ctx["budget_bytes"], ctx["concurrency"]
-        env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.cfg.shape)
+        env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.shape)
         isolation, iso_limit = self._isolation(report, budget)
         watch = self._watch(report, isolation)
         floor = fork_floor()
@@ -295,12 +299,14 @@ class Supervisor:
             if report["budget"]["source"] == "auto":
                 budget = budget // MiB * MiB  # whole MiB, so {budget} reads "21694MiB"
             mem = report["memory"]
-            ctx = {
+            ctx: dict[str, Any] = {
                 "budget_bytes": budget,
                 "concurrency": self.adapt.capped(plan["concurrency"]) if plan else None,
                 "effective_bytes": mem["effective_bytes"],
                 "limited_by": mem["limited_by"],
             }
+            if self.learned is not None:
+                ctx["learned"] = self.learned
             refused = self._refuse_start(report, plan, ctx)
             if refused is not None:
                 return refused

@@ -37,6 +37,7 @@ from oomguard.manager.times import parse_iso_ms
 from oomguard.manager.web.deps import (
     DB_FAILURES,
     AgentDep,
+    ReaderOrAgentDep,
     StoreDep,
     db_read,
     db_write,
@@ -68,6 +69,9 @@ admin = APIRouter(
     responses={**REFUSALS, 403: {"description": "the manager has no admin token (--admin-token)"}},
 )
 health = APIRouter()
+# A profile's learned size: for readers and for the agents that plan with it (deps.require_reader_or_agent).
+advice = APIRouter(responses={**REFUSALS, 403: {"description": "the token is another node's"}})
+OTHER_NODE_READ = "this token is another node's: a node's token reads that node's recommendation only"
 
 
 def _json(value: Any, what: str) -> str:
@@ -106,10 +110,12 @@ async def post_observation(
     return Stored(stored=await db_write(request, store.ingest_observation_async(body)), id=body.id)
 
 
-@reads.get("/api/v1/profiles/{profile}/recommendation")
+@advice.get("/api/v1/profiles/{profile}/recommendation")
 async def get_recommendation(
+    *,
     request: Request,
     store: StoreDep,
+    credential: ReaderOrAgentDep,
     profile: Annotated[str, Path(pattern=PROFILE_PATTERN, max_length=128)],
     node: Annotated[str | None, Query(pattern=NODE_PATTERN, max_length=128)] = None,
     node_class: Annotated[str | None, Query(pattern=CLASS_PATTERN, max_length=64)] = None,
@@ -117,7 +123,13 @@ async def get_recommendation(
     """The size to plan *profile*'s jobs at on *node* (of *node_class*: default the node's): the
     node's own samples, else its class's, else the fleet's, else the size declared (``source``),
     with the floor an OOM kill or pressure stop raised, the samples and rule it came from
-    (``explanation``) and its ``confidence``."""
+    (``explanation``) and its ``confidence``. A reader's token (or session) asks for any node; an
+    agent's for its own (``plan --learned``, ``run --learned``): a node's token for that node
+    only (the default *node*), 403 for another."""
+    if credential is not None and credential.node is not None:
+        if node is not None and node != credential.node:
+            raise HTTPException(403, OTHER_NODE_READ)
+        node = credential.node
     return await db_read(request, store.recommendation, profile, node, node_class)
 
 
@@ -262,4 +274,4 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if not failing else 503)
 
 
-routers = (ingest, reads, admin, health)
+routers = (ingest, reads, advice, admin, health)

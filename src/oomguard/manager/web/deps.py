@@ -212,6 +212,34 @@ async def require_viewer(
         raise _unauthorized()
 
 
+async def require_reader_or_agent(
+    request: Request,
+    authorization: Annotated[str | None, Header()] = None,
+    oomguard_session: Annotated[str | None, Cookie(alias=COOKIE)] = None,
+) -> AgentCredential | None:
+    """A reader (``require_viewer``: None) or an agent (its credential): a worker asks for its own
+    node's learned size with the token it reports with (``plan --learned``, ``run --learned``)."""
+    settings = get_settings(request)
+    given = bearer(authorization)
+    if given is not None and settings.viewer_token is not None and token_ok(settings.viewer_token, given):
+        return None
+    if given is None and viewer_ok(request, authorization, oomguard_session):
+        return None
+    found: list[AgentCredential] = []
+
+    def ok() -> bool:
+        credential = agent_credential(settings, given)
+        found.extend([credential] if credential is not None else [])
+        return credential is not None or settings.viewer_token is None
+
+    if not checked(request, ok):
+        raise _unauthorized()
+    return found[0] if found else None
+
+
+ReaderOrAgentDep = Annotated[AgentCredential | None, Depends(require_reader_or_agent)]
+
+
 async def _bounded(request: Request, direction: str, work: Awaitable[T]) -> T:
     health: DbHealth = request.app.state.health
     timeout = get_settings(request).request_timeout_s

@@ -1,0 +1,184 @@
+"""A profile's learned size from the fleet manager, and the last answer kept on disk (issue 23).
+
+``GET {manager}/api/v1/profiles/{profile}/recommendation?node=NODE`` with the agent's token (a
+node's own token reads its own node's answer; ``oomguard.manager.web.deps.require_reader_or_agent``).
+A good answer is kept in ``{spool}/learned/{profile}.json`` (written whole, then renamed over the
+old one), so a node that cannot reach the manager plans with the last answer it had, and one that
+never had one with the declared profile (``oomguard.policy.learned``). Nothing here raises for the
+network or the disk: each failure is a value, said in the decision.
+
+Standard library only: this runs on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from oomguard._version import __version__
+from oomguard.agent.client import NoRedirect, check_manager, check_token, http_outcome, network_why
+from oomguard.policy.learned import Answer, apply, parse_answer
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from oomguard._types import Report
+    from oomguard.policy.plan import Shape
+
+CACHE_DIR = "learned"  # under the spool directory
+MAX_ANSWER = 1 << 20  # an answer is a few kilobytes; more is not one
+PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # the manager's PROFILE_PATTERN
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What asking came to: the *answer* (None: none to be had), where it came from (``manager``,
+    ``cache``, ``none``), when it was fetched, and why the manager gave none (*unreached*)."""
+
+    answer: Answer | None
+    origin: str
+    fetched: str | None = None
+    unreached: str | None = None
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def cache_path(spool: str, profile: str) -> str:
+    return os.path.join(spool, CACHE_DIR, f"{profile}.json")
+
+
+def ask(manager: str, token: str, profile: str, node: str | None, timeout: float) -> tuple[object, str | None]:
+    """(the parsed JSON answer, None) or (None, why not) from one GET."""
+    query = "" if not node else "?" + urllib.parse.urlencode({"node": node})
+    url = f"{check_manager(manager)}/api/v1/profiles/{urllib.parse.quote(profile)}/recommendation{query}"
+    headers = {"Accept": "application/json", "User-Agent": f"oomguard-agent/{__version__}"}
+    token = check_token(token)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    opener = urllib.request.build_opener(NoRedirect())
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+            data = resp.read(MAX_ANSWER + 1)
+    except urllib.error.HTTPError as exc:
+        return None, http_outcome(exc).why
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        return None, network_why(exc)
+    if len(data) > MAX_ANSWER:
+        return None, f"the answer is over {MAX_ANSWER} bytes"
+    try:
+        return json.loads(data), None
+    except ValueError:
+        return None, "the answer is not JSON"
+
+
+def _read_cache(path: str) -> tuple[Answer, str | None] | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(MAX_ANSWER + 1))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    answer = parse_answer(data.get("answer"))
+    fetched = data.get("fetched")
+    return (answer, fetched if isinstance(fetched, str) else None) if isinstance(answer, Answer) else None
+
+
+def _write_cache(path: str, raw: object, fetched: str, node: str | None) -> None:
+    """Keep the answer; a disk that cannot take it costs only the offline fallback."""
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".learned-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"fetched": fetched, "node": node, "answer": raw}, f)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def fetch(manager: str, token: str, profile: str, node: str | None, spool: str, *, timeout: float = 5.0) -> Fetched:
+    """The manager's answer for *profile* on *node* (kept on disk under *spool*), else the answer
+    kept from before, else none. ``BadParameter`` only for a bad URL or token (the caller's flags)."""
+    if not PROFILE_NAME.match(profile):
+        return Fetched(None, "none", unreached=f"the profile name {profile!r} is not one the manager takes"[:160])
+    raw, why = ask(manager, token, profile, node, timeout)
+    path = cache_path(spool, profile)
+    if why is None:
+        answer = parse_answer(raw)
+        if isinstance(answer, Answer):
+            now = _iso(time.time())
+            _write_cache(path, raw, now, node)
+            return Fetched(answer, "manager", fetched=now)
+        why = f"the answer does not fit: {answer}"
+    kept = _read_cache(path)
+    if kept is None:
+        return Fetched(None, "none", unreached=why)
+    return Fetched(kept[0], "cache", fetched=kept[1], unreached=why)
+
+
+def learned_shape(
+    shape: Shape,
+    *,
+    manager: str,
+    token: str | None = None,
+    node: str | None = None,
+    spool: str | None = None,
+    report: Report | None = None,
+    may_lower: bool = False,
+    timeout: float = 5.0,
+) -> tuple[Shape, dict[str, Any]]:
+    """*shape* (a profile's: ``shape.profile`` set) at the size the fleet manager learned, and the
+    decision (``policy/learned.py``): ``plan --learned`` and ``run --learned`` as an API, for a
+    worker that sizes its ``MemoryBudget`` reservations itself::
+
+        shape, decision = oomguard.learned_shape(oomguard.Shape(14 * GiB, 70 * GiB, profile="porep-c2-32g"),
+                                                 manager="http://manager:8080")
+        budget.reserve(shape.per_job)
+
+    *token* defaults to ``OOMGUARD_AGENT_TOKEN``, *node* to the agent's default name, *spool* to the
+    agent's spool directory (where the last answer is kept), *report* to a fresh ``probe()`` (its
+    ceiling bounds the learned size). ``BadParameter`` for a bad *manager* or *token*, ``ValueError``
+    for a shape without a profile; the network and the disk never raise (the decision says)."""
+    from oomguard.agent.node import default_node_name, sanitize_node_name
+    from oomguard.agent.spool import default_spool_dir
+
+    if shape.profile is None:
+        raise ValueError("learned_shape needs a shape with a profile (Shape(..., profile=NAME))")
+    env = dict(os.environ)
+    token = env.get("OOMGUARD_AGENT_TOKEN", "") if token is None else token
+    node = sanitize_node_name(node) if node else default_node_name(env)
+    if report is None:
+        from oomguard.policy.budget import probe
+
+        report = probe()
+    got = fetch(
+        check_manager(manager),
+        check_token(token),
+        shape.profile,
+        node,
+        spool or default_spool_dir(env),
+        timeout=timeout,
+    )
+    return apply(
+        shape,
+        got.answer,
+        origin=got.origin,
+        fetched=got.fetched,
+        unreached=got.unreached,
+        ceiling=report["memory"]["effective_bytes"],
+        may_lower=may_lower,
+    )
