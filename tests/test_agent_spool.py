@@ -199,7 +199,7 @@ def test_the_package_exports_what_the_commands_use() -> None:
     from oomguard import agent
 
     public = {name for name in vars(agent) if not name.startswith("_")} - {"annotations"}
-    modules = {"client", "forwarder", "gate", "labels", "log", "loop", "node", "rejected", "sender", "spool"}
+    modules = {"client", "forwarder", "gate", "labels", "learned", "log", "loop", "node", "rejected", "sender", "spool"}
     assert sorted(agent.__all__) == sorted(public - modules)
     assert set(agent.__all__) == {
         "EventForwarder",

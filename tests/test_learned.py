@@ -129,8 +129,11 @@ def test_any_json_is_an_answer_or_a_reason_and_an_answer_applies(data: Any) -> N
 # -- real plan and run against a real manager --------------------------------------------------
 
 
-def observe(url: str, node: str, peak: int, *, declared: int = 64 * MiB, outcome: str = "ok") -> None:
+def observe(
+    url: str, node: str, peak: int, *, declared: int = 64 * MiB, outcome: str = "ok", node_class: str | None = None
+) -> None:
     obs = {
+        **({"node_class": node_class} if node_class else {}),
         "profile": "tiny",
         "declared_per_job_bytes": declared,
         "peak_per_job_bytes": peak,
@@ -190,7 +193,13 @@ def test_plan_takes_the_learned_size_keeps_it_and_plans_with_it_offline(profiles
         assert kept["answer"]["per_job_bytes"] == learned and kept["fetched"] == d["fetched"]
         # A node that never ran the profile, of no class the manager knows: the fleet's size.
         assert plan(server.url, profiles, tmp_path / "spool-new", "new-node")[0]["learned"]["source"] == "fleet"
-        # Raise-only: the jobs of low1..3 used less than declared; the operator may let it lower.
+        # The operator's class of node (--node-class): a node new to the manager starts from its class.
+        for node in ("c1", "c2", "c3"):
+            observe(server.url, node, 200 * MiB, node_class="lab")
+        classed, _ = plan(server.url, profiles, tmp_path / "spool-class", "fresh", "--node-class", "lab")
+        assert (classed["learned"]["source"], classed["learned"]["samples"]) == ("class", 3)
+        assert classed["shape"]["per_job_bytes"] == math.ceil(200 * MiB * (1 + MARGIN))
+        # Raise-only: the jobs of low1 used less than declared; the operator may let it lower.
         low, _ = plan(server.url, profiles, tmp_path / "spool-low", "low1")
         assert low["learned"]["used"] == "declared" and low["shape"]["per_job_bytes"] == 64 * MiB
         lowered, _ = plan(server.url, profiles, tmp_path / "spool-low", "low1", "--learned-may-lower")
@@ -244,7 +253,7 @@ def test_run_starts_at_the_learned_size_says_so_and_observes_that_size(profiles:
         proc = run_oomguard(
             "run", "--budget", "1GiB", "--restart", "never", "--profiles", str(profiles), "--profile", "tiny",
             "--learned", "--manager", server.url, "--token", AGENT, "--node", "r1", "--spool", str(tmp_path / "spool"),
-            "--events", str(events), "--", "sh", "-c", worker,
+            "--events", str(events), "--node-class", "lab2", "--", "sh", "-c", worker,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert int(out.read_text()) == learned  # the worker was given the learned size
@@ -260,5 +269,6 @@ def test_run_starts_at_the_learned_size_says_so_and_observes_that_size(profiles:
             time.sleep(0.1)
             seen = advice(server.url, "r1")
         assert seen["samples"] == 4 and seen["declared_per_job_bytes"] == learned  # the size the jobs ran at
+        assert seen["node_class"] == "lab2"  # --node-class: the node_class label of run's envelopes
     finally:
         server.stop()

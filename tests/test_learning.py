@@ -327,6 +327,30 @@ def test_the_routes_need_their_tokens_and_check_their_parameters(db_url: str) ->
         assert c.get("/api/v1/profiles/p%00/recommendation", headers=VIEWER_H).status_code == 422
 
 
+def test_the_operators_class_of_node_comes_from_its_node_class_label(db_url: str) -> None:
+    """``--node-class`` travels as the label ``node_class``: a node that reported with it stores its
+    observations under it (no class named in them), and is asked about in it; the class an
+    observation names, and the label on the observation's own envelope, come first."""
+    store = make_store(db_url, Clock(NOW))
+    with app_of(db_url, store) as c:
+        for node in ("l1", "l2", "l3"):
+            ingest(store, node, labels={"node_class": "l4-small", "zone": "eu"})
+            observe(c, node, peak_per_job_bytes=5 * GiB)
+        ingest(store, "l9", labels={"node_class": "l4-small"})  # a new node of the class: never observed
+        fresh = advice(c, node="l9")
+        assert (fresh["node_class"], fresh["source"], fresh["samples"]) == ("l4-small", "class", 3)
+        assert fresh["per_job_bytes"] == math.ceil(5 * GiB * (1 + MARGIN))
+        ingest(store, "x1", labels={"node_class": "not a class"})  # breaks the class rule: not taken
+        assert advice(c, node="x1")["node_class"] != "not a class"
+        body = {"node": "e1", "id": "e-1", "observation": observation(), "labels": {"node_class": "from-envelope"}}
+        assert c.post("/api/v1/observations", json=body, headers=AGENT_H).status_code == 200
+        for node in ("l1", "l2", "l3"):
+            assert observe(c, node, node_class="named", peak_per_job_bytes=GiB).status_code == 200
+        assert advice(c, node="e1")["node_class"] == "from-envelope"
+        named = advice(c, node_class="named")  # the observations' own class, not their nodes' label
+        assert (named["source"], named["samples"]) == ("class", 3)
+
+
 def test_an_agent_reads_its_own_node_s_recommendation_with_the_token_it_reports_with(db_url: str) -> None:
     """``plan --learned`` and ``run --learned`` ask with the agent's token: the fleet-wide one for
     any node, a node's own for that node only (403 for another; its node when none is named)."""

@@ -46,6 +46,8 @@ def test_an_exit_makes_the_runs_observation() -> None:
     for reason, outcome in (("exit", "ok"), ("oom-kill", "oom-kill"), ("pressure-stop", "pressure-stop")):
         assert (observation(exit_event(reason=reason), SHAPE) or {})["outcome"] == outcome
     assert (observation(exit_event(peak_bytes=MiB), SHAPE) or {})["peak_per_job_bytes"] == 0  # below the baseline
+    assert "node_class" not in seen  # none given: the manager's, from the node's label or report
+    assert (observation(exit_event(), SHAPE, "l4-small") or {})["node_class"] == "l4-small"
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,11 @@ NODE_NAME_MAX = 128
 NODE_NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 NODE_NAME_FALLBACK = "node"
+# A profile's name (as ``plan --profile`` names it), and a class of node: an operator's
+# (``--node-class``, ``OOMGUARD_NODE_CLASS``, the ``node_class`` label) or one the manager derives
+# (``manager/learning.py``: ``gpu:NVIDIA-H100-80GB-HBM3/ram:512GiB``).
+PROFILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+NODE_CLASS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,63}$"
 
 # Python's "$" also matches before a trailing newline: fullmatch without anchors is the same rule.
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
@@ -61,3 +66,14 @@ def sanitize_node_name(name: str) -> str:
         return NODE_NAME_FALLBACK
     digest = zlib.crc32(name.encode("utf-8", "surrogatepass"))
     return f"{NODE_NAME_FALLBACK}-{digest:08x}"
+
+
+_CLASS_RE = re.compile(NODE_CLASS_PATTERN[1:-1], re.ASCII)
+
+
+def node_class_problem(value: str) -> str | None:
+    """Why *value* is not a class of node the manager takes (one line), or None."""
+    if _CLASS_RE.fullmatch(value) is None:
+        shown = repr(value if len(value) <= 80 else value[:77] + "...")
+        return f"a class of node is 1-64 of [A-Za-z0-9._:/+-], the first a letter or digit; got {shown}"
+    return None

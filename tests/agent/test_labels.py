@@ -140,6 +140,32 @@ def test_a_bad_label_names_its_source() -> None:
         node_labels({"CONTAINER_ID": "1"}, many)
 
 
+def test_the_operators_class_of_node_is_the_node_class_label_and_follows_the_class_rule() -> None:
+    """``--node-class`` (and ``OOMGUARD_NODE_CLASS``) is the label ``node_class``: the flag wins,
+    and a ``node_class`` from anywhere must be a class the manager takes (manager/learning.py)."""
+    env = {"OOMGUARD_NODE_CLASS": " gpu:L4/ram:64GiB ", "OOMGUARD_LABELS": "zone=eu-1"}
+    assert node_labels(env) == {"zone": "eu-1", "node_class": "gpu:L4/ram:64GiB"}
+    assert node_labels(env, ["node_class=from-label"])["node_class"] == "from-label"
+    assert node_labels(env, ["node_class=from-label"], "h100-big")["node_class"] == "h100-big"
+    assert node_labels({"OOMGUARD_NODE_CLASS": "  "}) == {}  # blank: none
+    with pytest.raises(LabelError, match=r"^--node-class: a class of node is 1-64 of \[A-Za-z0-9._:/\+-\]"):
+        node_labels({}, [], "has space")
+    with pytest.raises(LabelError, match=r"^OOMGUARD_NODE_CLASS: a class of node is"):
+        node_labels({"OOMGUARD_NODE_CLASS": "x" * 65})
+    with pytest.raises(LabelError, match=r"^label node_class: a class of node is"):
+        node_labels({}, ["node_class=-leading-dash"])
+
+
+@pytest.mark.parametrize("command", ["agent", "run", "plan"])
+def test_a_bad_class_of_node_on_the_command_line_is_one_line_and_exit_2(command: str, tmp_path: Path) -> None:
+    argv = [command, "--manager", "http://127.0.0.1:9", "--spool", str(tmp_path), "--node-class", "a b"]
+    more = {"run": ["--", sys.executable, "-c", "pass"], "plan": ["--profile", "porep-c2-32g", "--learned"]}
+    proc = run_oomguard(*argv, *more.get(command, []))
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.startswith("oomguard: error: --node-class: a class of node is 1-64 of [A-Za-z0-9._:/+-]")
+    assert len(proc.stderr.splitlines()) == 1
+
+
 @pytest.mark.parametrize("command", ["agent", "run"])
 def test_a_bad_label_on_the_command_line_is_one_line_and_exit_2(command: str, tmp_path: Path) -> None:
     argv = [command, "--manager", "http://127.0.0.1:9", "--spool", str(tmp_path)]

@@ -11,7 +11,13 @@ Where they come from, later ones winning for the same key:
    only when set, as the variable's name in lower case; such a value is never an error (too long
    is cut, a character that cannot be printed becomes ``?``);
 2. ``OOMGUARD_LABELS`` (``k=v,k2=v2``);
-3. ``--label KEY=VALUE``, repeatable.
+3. ``OOMGUARD_NODE_CLASS``, as the label ``node_class``;
+4. ``--label KEY=VALUE``, repeatable;
+5. ``--node-class CLASS``, as the label ``node_class``.
+
+``node_class`` is the operator's class of node, for the manager's recommender
+(``oomguard.manager.learning``): it must follow the class rule as well
+(``oomguard.nodes.node_class_problem``: 1-64 of ``[A-Za-z0-9._:/+-]``).
 
 The rule itself is ``oomguard.labels`` (the manager checks the same one). A bad label from 2 or 3
 is a ``LabelError``, a ``UsageError``: one line naming where it came
@@ -25,11 +31,14 @@ from typing import TypeVar
 
 from oomguard.errors import UsageError
 from oomguard.labels import VALUE_MAX, label_problem, labels_problem, shown
+from oomguard.nodes import node_class_problem
 
 # vast.ai sets CONTAINER_ID and VAST_CONTAINERLABEL in its containers (docs/research/fleet.md);
 # K8S_NODE_NAME is the downward API's spec.nodeName where the manifest sets it (deploy/k8s/worker.yaml).
 ENV_LABELS = ("CONTAINER_ID", "VAST_CONTAINERLABEL", "K8S_NODE_NAME")
 ENV_VAR = "OOMGUARD_LABELS"
+CLASS_LABEL = "node_class"
+CLASS_ENV = "OOMGUARD_NODE_CLASS"
 
 _T = TypeVar("_T")
 
@@ -81,12 +90,29 @@ def merge_labels(*sources: Iterable[tuple[str, str]]) -> dict[str, str]:
     return out
 
 
-def node_labels(env: Mapping[str, str], given: Iterable[str] = ()) -> dict[str, str]:
-    """The node's labels: the environment's, then ``OOMGUARD_LABELS``', then *given* (``--label``
-    texts); ``LabelError`` naming the source of a bad one."""
+def _class(source: str, text: str) -> list[tuple[str, str]]:
+    """The ``node_class`` label of *text* (none when blank); ``LabelError`` naming *source*."""
+    value = text.strip()
+    if not value:
+        return []
+    problem = node_class_problem(value)
+    if problem:
+        raise LabelError(f"{source}: {problem}")
+    return [(CLASS_LABEL, value)]
+
+
+def node_labels(env: Mapping[str, str], given: Iterable[str] = (), node_class: str | None = None) -> dict[str, str]:
+    """The node's labels: the environment's, then ``OOMGUARD_LABELS``' and ``OOMGUARD_NODE_CLASS``,
+    then *given* (``--label`` texts) and *node_class* (``--node-class``); ``LabelError`` naming the
+    source of a bad one."""
     listed = _from(ENV_VAR, parse_label_list, env.get(ENV_VAR, ""))
+    env_class = _class(CLASS_ENV, env.get(CLASS_ENV, ""))
     flags = [_from("--label", parse_label, text) for text in given]
-    return merge_labels(environment_labels(env).items(), listed, flags)
+    flag_class = _class("--node-class", node_class) if node_class is not None else []
+    labels = merge_labels(environment_labels(env).items(), listed, env_class, flags, flag_class)
+    if CLASS_LABEL in labels:
+        _class(f"label {CLASS_LABEL}", labels[CLASS_LABEL])  # also when it came from --label or OOMGUARD_LABELS
+    return labels
 
 
 def _from(source: str, parse: Callable[[str], _T], text: str) -> _T:

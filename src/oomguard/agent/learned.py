@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from oomguard._version import __version__
 from oomguard.agent.client import NoRedirect, check_manager, check_token, http_outcome, network_why
+from oomguard.nodes import PROFILE_PATTERN
 from oomguard.policy.learned import Answer, apply, parse_answer
 
 TYPE_CHECKING = False
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 CACHE_DIR = "learned"  # under the spool directory
 MAX_ANSWER = 1 << 20  # an answer is a few kilobytes; more is not one
-PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # the manager's PROFILE_PATTERN
+PROFILE_NAME = re.compile(PROFILE_PATTERN[1:-1], re.ASCII)  # fullmatch: Python's "$" takes a trailing newline
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,12 @@ def cache_path(spool: str, profile: str) -> str:
     return os.path.join(spool, CACHE_DIR, f"{profile}.json")
 
 
-def ask(manager: str, token: str, profile: str, node: str | None, timeout: float) -> tuple[object, str | None]:
+def ask(
+    manager: str, token: str, profile: str, node: str | None, *, timeout: float, node_class: str | None = None
+) -> tuple[object, str | None]:
     """(the parsed JSON answer, None) or (None, why not) from one GET."""
-    query = "" if not node else "?" + urllib.parse.urlencode({"node": node})
+    params = {k: v for k, v in (("node", node), ("node_class", node_class)) if v}
+    query = "" if not params else "?" + urllib.parse.urlencode(params)
     url = f"{check_manager(manager)}/api/v1/profiles/{urllib.parse.quote(profile)}/recommendation{query}"
     headers = {"Accept": "application/json", "User-Agent": f"oomguard-agent/{__version__}"}
     token = check_token(token)
@@ -110,12 +114,22 @@ def _write_cache(path: str, raw: object, fetched: str, node: str | None) -> None
             raise
 
 
-def fetch(manager: str, token: str, profile: str, node: str | None, spool: str, *, timeout: float = 5.0) -> Fetched:
-    """The manager's answer for *profile* on *node* (kept on disk under *spool*), else the answer
-    kept from before, else none. ``BadParameter`` only for a bad URL or token (the caller's flags)."""
-    if not PROFILE_NAME.match(profile):
+def fetch(
+    manager: str,
+    token: str,
+    profile: str,
+    node: str | None,
+    spool: str,
+    *,
+    timeout: float = 5.0,
+    node_class: str | None = None,
+) -> Fetched:
+    """The manager's answer for *profile* on *node* of *node_class* (None: the class the manager
+    knows the node by), kept on disk under *spool*; else the answer kept from before, else none.
+    ``BadParameter`` only for a bad URL or token (the caller's flags)."""
+    if not PROFILE_NAME.fullmatch(profile):
         return Fetched(None, "none", unreached=f"the profile name {profile!r} is not one the manager takes"[:160])
-    raw, why = ask(manager, token, profile, node, timeout)
+    raw, why = ask(manager, token, profile, node, timeout=timeout, node_class=node_class)
     path = cache_path(spool, profile)
     if why is None:
         answer = parse_answer(raw)
@@ -140,6 +154,7 @@ def learned_shape(
     report: Report | None = None,
     may_lower: bool = False,
     timeout: float = 5.0,
+    node_class: str | None = None,
 ) -> tuple[Shape, dict[str, Any]]:
     """*shape* (a profile's: ``shape.profile`` set) at the size the fleet manager learned, and the
     decision (``policy/learned.py``): ``plan --learned`` and ``run --learned`` as an API, for a
@@ -150,11 +165,14 @@ def learned_shape(
         budget.reserve(shape.per_job)
 
     *token* defaults to ``OOMGUARD_AGENT_TOKEN``, *node* to the agent's default name, *spool* to the
-    agent's spool directory (where the last answer is kept), *report* to a fresh ``probe()`` (its
-    ceiling bounds the learned size). ``BadParameter`` for a bad *manager* or *token*, ``ValueError``
+    agent's spool directory (where the last answer is kept), *node_class* to ``OOMGUARD_NODE_CLASS``
+    (else the class the manager knows the node by), *report* to a fresh ``probe()`` (its ceiling
+    bounds the learned size). ``BadParameter`` for a bad *manager* or *token*, ``ValueError``
     for a shape without a profile; the network and the disk never raise (the decision says)."""
     from oomguard.agent.node import default_node_name, sanitize_node_name
     from oomguard.agent.spool import default_spool_dir
+    from oomguard.errors import BadParameter
+    from oomguard.nodes import node_class_problem
 
     if shape.profile is None:
         raise ValueError("learned_shape needs a shape with a profile (Shape(..., profile=NAME))")
@@ -165,13 +183,13 @@ def learned_shape(
         from oomguard.policy.budget import probe
 
         report = probe()
+    node_class = node_class or env.get("OOMGUARD_NODE_CLASS", "").strip() or None
+    problem = None if node_class is None else node_class_problem(node_class)
+    if problem is not None:
+        raise BadParameter("node_class", problem)
+    spool = spool or default_spool_dir(env)
     got = fetch(
-        check_manager(manager),
-        check_token(token),
-        shape.profile,
-        node,
-        spool or default_spool_dir(env),
-        timeout=timeout,
+        check_manager(manager), check_token(token), shape.profile, node, spool, timeout=timeout, node_class=node_class
     )
     return apply(
         shape,

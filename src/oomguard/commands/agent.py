@@ -29,6 +29,10 @@ SUMMARY = (
     "refuses (4xx) moves to the spool's rejected/ and the queue goes on."
 )
 SPOOL_DEFAULT = "$OOMGUARD_SPOOL, $XDG_STATE_HOME/oomguard/spool, ~/.local/state/oomguard/spool"
+NODE_CLASS_HELP = (
+    "this node's class for what the fleet learns (the label node_class; also OOMGUARD_NODE_CLASS): nodes "
+    "of one class share their lessons; without one the manager derives it from the GPU model and host RAM"
+)
 LABEL_HELP = (
     "a label of this node, repeatable; also OOMGUARD_LABELS=KEY=VALUE,..., and CONTAINER_ID, "
     "VAST_CONTAINERLABEL, K8S_NODE_NAME when set (docs/agent.md)"
@@ -49,12 +53,14 @@ def add_fleet_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
         flags.option(
             group, "--label", LABEL_HELP.replace("a label", "for --manager: a label"), "KEY=VALUE", action="append"
         )
+        flags.option(group, "--node-class", NODE_CLASS_HELP, "CLASS")
         flags.option(group, "--spool", f"spool directory for --manager (default: {SPOOL_DEFAULT})", "DIR")
         return
     flags.option(group, "--manager", "the manager's base URL, e.g. http://manager:8080", "URL")
     flags.option(group, "--token", "agent bearer token (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
     flags.option(group, "--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME")
     flags.option(group, "--label", LABEL_HELP, "KEY=VALUE", action="append")
+    flags.option(group, "--node-class", NODE_CLASS_HELP, "CLASS")
     flags.option(group, "--interval", "time between reports (default 30s)", "DURATION")
     flags.option(
         group,
@@ -127,10 +133,10 @@ def _spool(args: argparse.Namespace) -> str:
 
 
 def _labels(args: argparse.Namespace) -> dict[str, str]:
-    """The environment's labels, ``OOMGUARD_LABELS``' and ``--label``'s (``agent.labels``)."""
+    """The environment's labels, ``OOMGUARD_LABELS``', ``--label``'s and ``--node-class`` (``agent.labels``)."""
     from oomguard.agent import node_labels
 
-    return node_labels(os.environ, getattr(args, "label", None) or ())
+    return node_labels(os.environ, getattr(args, "label", None) or (), flags.value(args, "node_class"))
 
 
 def _gate(args: argparse.Namespace) -> dict[str, Any] | None:

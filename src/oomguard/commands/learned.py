@@ -39,7 +39,10 @@ def add_learned(parser: argparse.ArgumentParser, *, fleet: bool) -> None:
 
         flags.option(group, "--manager", "the fleet manager's base URL, for --learned", "URL")
         flags.option(group, "--token", "bearer token for --manager (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
+        from oomguard.commands.agent import NODE_CLASS_HELP
+
         flags.option(group, "--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME")
+        flags.option(group, "--node-class", NODE_CLASS_HELP, "CLASS")
         flags.option(group, "--spool", f"where the last answer is kept (default: {SPOOL_DEFAULT})", "DIR")
 
 
@@ -54,19 +57,28 @@ def learner(args: argparse.Namespace, shape: Shape | None) -> Learner | None:
     if manager is None:
         raise UsageError("--learned needs --manager URL")
     from oomguard.agent.client import check_manager, check_token
-    from oomguard.commands.agent import _node, _spool, _token
+    from oomguard.agent.labels import CLASS_LABEL
+    from oomguard.commands.agent import _labels, _node, _spool, _token
 
     try:
         manager, token = check_manager(manager), check_token(_token(args))
     except BadParameter as exc:
         raise UsageError(flags.flag_message(exc)) from None
     node, spool, may_lower = _node(args), _spool(args), bool(args.learned_may_lower)
+    node_class = _labels(args).get(CLASS_LABEL)  # the operator's; None: the one the manager knows
 
     def learn(declared: Shape, report: Report) -> tuple[Shape, dict[str, Any]]:
         from oomguard.agent.learned import learned_shape
 
         return learned_shape(
-            declared, manager=manager, token=token, node=node, spool=spool, report=report, may_lower=may_lower
+            declared,
+            manager=manager,
+            token=token,
+            node=node,
+            spool=spool,
+            report=report,
+            may_lower=may_lower,
+            node_class=node_class,
         )
 
     return learn

@@ -88,6 +88,8 @@ def execute(args: argparse.Namespace) -> int:
     from oomguard.commands.learned import learner
 
     learn = learner(args, shape)
+    if learn is None:  # plan's manager options serve --learned only
+        flags.needs(args, "--learned", ("--manager", "--token", "--node", "--node-class", "--spool"))
     report = flags.probe_from(args)
     learned = None
     if learn is not None:

@@ -143,7 +143,8 @@ def _guard(args: argparse.Namespace) -> GuardSettings | None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from oomguard.commands.agent import forwarder
+    from oomguard.agent.labels import CLASS_LABEL
+    from oomguard.commands.agent import _labels, forwarder
     from oomguard.commands.learned import learner
     from oomguard.supervisor.events import EventLog
     from oomguard.supervisor.observe import observation
@@ -174,7 +175,8 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError(f"--events: cannot open {args.events}: {why}") from None
     supervisor = Supervisor(config, log)
     # Each exit's observation is of the shape that run had: the declared one, or --learned's.
-    observe = (lambda exit_event: observation(exit_event, supervisor.shape)) if config.shape else None
+    node_class = _labels(args).get(CLASS_LABEL) if flags.value(args, "manager") else None
+    observe = (lambda exit_event: observation(exit_event, supervisor.shape, node_class)) if config.shape else None
     sink = forwarder(args, observe)
     if sink is not None:
         log.sinks.append(sink)

@@ -39,6 +39,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, f
 from oomguard.labels import KEY_MAX, KEY_PATTERN, LABELS_MAX, VALUE_MAX, label_problem, labels_problem
 from oomguard.manager import contract, reportschema
 from oomguard.manager.times import parse_iso_ms
+from oomguard.nodes import NODE_CLASS_PATTERN, NODE_PATTERN, PROFILE_PATTERN
 
 MAX_DEPTH = 32
 INT_LIMIT = contract.BIG  # what a BIGINT column holds
@@ -133,7 +134,6 @@ def known() -> frozenset[str]:
 
 # -- the envelopes --------------------------------------------------------------------------------
 
-NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 NodeName = Annotated[str, Field(pattern=NODE_PATTERN, max_length=128, description="Node name: [A-Za-z0-9._-], 1-128")]
@@ -265,8 +265,7 @@ class EventEnvelope(BaseModel):
     labels: Labels | None = None
 
 
-PROFILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-CLASS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,63}$"  # an operator's class, and every one learning derives
+CLASS_PATTERN = NODE_CLASS_PATTERN  # an operator's class, and every one learning derives
 Size = Annotated[int, Field(ge=0, le=INT_LIMIT)]
 
 

@@ -16,7 +16,8 @@ Its bias, and which way: the baseline is taken as declared, so a worker whose re
 larger reads its jobs as larger (the safe way); jobs that peak at different times share the
 peak, so each reads low (the manager's margin and its floor after a kill bound that); without
 ``--isolate`` the peak is one process's, so jobs in separate processes read low, much more so.
-The manager gives the observation the node's class from its latest report.
+Without the operator's class (``--node-class``, ``OOMGUARD_NODE_CLASS``: the ``node_class`` label),
+the manager gives the observation the node's class from its latest report.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ from oomguard.supervisor.exits import CLEAN, EXIT, OOM_KILL, PRESSURE_STOP
 OUTCOMES = {CLEAN: "ok", EXIT: "ok", OOM_KILL: "oom-kill", PRESSURE_STOP: "pressure-stop"}  # the exit's reason
 
 
-def observation(exit_event: dict[str, Any], shape: Shape | None) -> dict[str, Any] | None:
+def observation(
+    exit_event: dict[str, Any], shape: Shape | None, node_class: str | None = None
+) -> dict[str, Any] | None:
     """The observation of the run that *exit_event* ended (a supervisor event), or None: not an
-    exit, no profile, or nothing to learn from it."""
+    exit, no profile, or nothing to learn from it. *node_class*: the operator's (the node's
+    ``node_class`` label), sent when given."""
     if exit_event.get("event") != "exit" or shape is None or shape.profile is None:
         return None
     outcome = OUTCOMES.get(str(exit_event.get("reason")))
@@ -40,6 +44,7 @@ def observation(exit_event: dict[str, Any], shape: Shape | None) -> dict[str, An
         return None
     return {
         "profile": shape.profile,
+        **({"node_class": node_class} if node_class else {}),
         "declared_per_job_bytes": shape.per_job,
         "peak_per_job_bytes": max(0, peak - shape.baseline) // jobs,
         "declared_baseline_bytes": shape.baseline,

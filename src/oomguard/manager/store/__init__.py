@@ -31,7 +31,7 @@ from sqlalchemy import Connection, Engine
 from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
 from oomguard.manager.retention import Retention
 from oomguard.manager.settings import Settings
-from oomguard.manager.store import alerting, learned, queries
+from oomguard.manager.store import alerting, learned, profiles, queries
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES as DEFAULT_WRITE_QUEUE_BYTES
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
@@ -207,6 +207,16 @@ class Store:
         """What the fleet has learned of *profile* for *node* of *node_class* (``learned``)."""
         with self.engine.connect() as conn:
             return learned.recommendation(conn, self.clock(), profile, node, node_class)
+
+    def profiles_index(self) -> list[dict[str, Any]]:
+        """The profiles observed in the window, the most observed first (``profiles``)."""
+        with self.engine.connect() as conn:
+            return profiles.profiles_index(conn, self.clock())
+
+    def profile_view(self, profile: str) -> dict[str, Any] | None:
+        """What the fleet learned of *profile*, for its page (``profiles.profile_view``)."""
+        with self.engine.connect() as conn:
+            return profiles.profile_view(conn, self.clock(), profile)
 
     def class_recommendations(self) -> list[dict[str, Any]]:
         """Each observed (profile, class)'s recommendation for a new node of it (``learned.by_class``)."""

@@ -5,13 +5,16 @@ and the time, so every replica on one database gives the same answer at the same
 Bounded reads, each the newest ``learning.MAX_SAMPLES`` of the window: the fleet's (by the index
 on profile and time), then the node's own and its class's (on node and time, profile, class and
 time) only when the fleet's did not hold the whole window.
-The node's class: the one asked for, else the class of the node's newest observation (of this
-profile, else of any), else the one derived from its latest report; unknown for a node the
+The node's class: the one asked for, else the operator's (the node's ``node_class`` label:
+``--node-class``, ``OOMGUARD_NODE_CLASS``), else the class of the node's newest observation (of
+this profile, else of any), else the one derived from its latest report; unknown for a node the
 manager has never heard of.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from sqlalchemy import Connection, func, select, true
@@ -20,6 +23,7 @@ from oomguard.manager import learning
 from oomguard.manager.db import nodes, observations
 from oomguard.manager.store import text
 from oomguard.manager.times import iso_ms
+from oomguard.nodes import NODE_CLASS_PATTERN
 
 _COLUMNS = (
     observations.c.id,
@@ -35,7 +39,7 @@ _COLUMNS = (
 )
 
 
-def _samples(conn: Connection, profile: str, since_ms: int, *where: Any) -> dict[int, learning.Sample]:
+def samples_of(conn: Connection, profile: str, since_ms: int, *where: Any) -> dict[int, learning.Sample]:
     query = (
         select(*_COLUMNS)
         .select_from(observations.join(nodes, nodes.c.id == observations.c.node_id))
@@ -75,12 +79,44 @@ def _scope(
             return {i: s for i, s in fleet.items() if s.node == node[1]}
         return {i: s for i, s in fleet.items() if s.node_class == node_class}
     where = observations.c.node_id == node[0] if node is not None else observations.c.node_class == node_class
-    return _samples(conn, profile, since_ms, where)
+    return samples_of(conn, profile, since_ms, where)
+
+
+CLASS_LABEL = "node_class"  # oomguard.agent.labels.CLASS_LABEL: the operator's class of node
+_CLASS_RE = re.compile(NODE_CLASS_PATTERN[1:-1], re.ASCII)
+
+
+def labelled_class(labels_json: str | None) -> str | None:
+    """The operator's class in a node's labels (the ``labels`` column), when it follows the rule."""
+    if not labels_json:
+        return None
+    try:
+        value = json.loads(labels_json).get(CLASS_LABEL)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and _CLASS_RE.fullmatch(value) else None
+
+
+def stored_class(conn: Connection, node_id: int) -> str:
+    """The class a new observation of the node is stored with when it names none: the operator's
+    (the node's label), else the one derived from its latest report."""
+    row = conn.execute(
+        select(nodes.c.labels, nodes.c.gpus, nodes.c.host_total_bytes).where(nodes.c.id == node_id)
+    ).first()
+    if row is None:
+        return learning.derive_class([], None)
+    labelled = labelled_class(row.labels)
+    if labelled is not None:
+        return labelled
+    return learning.derive_class(text.loads(row.gpus) if row.gpus else [], row.host_total_bytes)
 
 
 def node_class_of(conn: Connection, profile: str, node_id: int) -> str | None:
-    """The class the node's newest observation was stored with (of *profile*, else of any), else
-    the one derived from its latest report."""
+    """The operator's class of the node (its label), else the class the node's newest observation
+    was stored with (of *profile*, else of any), else the one derived from its latest report."""
+    labelled = labelled_class(conn.execute(select(nodes.c.labels).where(nodes.c.id == node_id)).scalar())
+    if labelled is not None:
+        return labelled
     for only in (observations.c.profile == profile, true()):
         found = conn.execute(
             select(observations.c.node_class)
@@ -105,7 +141,7 @@ def recommendation(
     if node_class is None and node_id is not None:
         node_class = node_class_of(conn, profile, int(node_id))
     since = now - learning.WINDOW_MS
-    found = fleet = _samples(conn, profile, since)
+    found = fleet = samples_of(conn, profile, since)
     if node_id is not None and node is not None:
         found = found | _scope(conn, fleet, since, profile=profile, node=(int(node_id), node))
     if node_class is not None:
@@ -139,7 +175,7 @@ def by_class(conn: Connection, now: int) -> list[dict[str, Any]]:
     out = []
     for profile, node_class, _ in pairs:
         if profile not in fleets:
-            fleets[profile] = _samples(conn, profile, since)
+            fleets[profile] = samples_of(conn, profile, since)
         fleet = fleets[profile]
         found = fleet | _scope(conn, fleet, since, profile=profile, node_class=node_class)
         answer = learning.recommend(now, None, node_class, list(found.values()), iso_ms)

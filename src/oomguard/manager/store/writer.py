@@ -32,9 +32,9 @@ from oomguard.manager import contract
 from oomguard.manager.alerts import DEFAULT_LINE, working_set_high
 from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
 from oomguard.manager.db import events, latest_reports, node_labels, nodes, observations, reports
-from oomguard.manager.learning import derive_class
-from oomguard.manager.store import history, text
+from oomguard.manager.store import history
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES, GroupCommitter
+from oomguard.manager.store.learned import labelled_class, stored_class
 from oomguard.manager.times import now_ms
 
 # A supervisor's announced heartbeat interval is kept within these: a dead supervisor that had
@@ -160,8 +160,9 @@ class Writer:
         return bool(await self.committer.submit_async(self._event_writer(env, body_json, t), size))
 
     async def observation(self, env: ObservationEnvelope) -> bool:
-        """Store an observation received now; False when its id was stored before. Without the
-        operator's class, the node's is derived from its latest report (``learning.derive_class``)."""
+        """Store an observation received now; False when its id was stored before. Without a class
+        in it, the node's: its ``node_class`` label, else derived from its latest report
+        (``store/learned.stored_class``)."""
         t, o = self.clock(), env.observation
         values = {
             "ingest_id": env.id,
@@ -178,16 +179,13 @@ class Writer:
 
         def write(conn: Connection) -> bool:
             node_id = self._node_id(conn, env.node, t)
-            node_class = o.node_class
-            if node_class is None:
-                row = conn.execute(select(nodes.c.gpus, nodes.c.host_total_bytes).where(nodes.c.id == node_id)).first()
-                gpus = text.loads(row.gpus) if row is not None and row.gpus else []
-                node_class = derive_class(gpus, row.host_total_bytes if row is not None else None)
+            labels = labels_json(env.labels)
+            # The class it names, else the node_class label it came with, else the node's.
+            node_class = o.node_class or labelled_class(labels) or stored_class(conn, node_id)
             statement = self._insert(observations).values(node_id=node_id, node_class=node_class, **values)
             stored = conn.execute(
                 statement.on_conflict_do_nothing(index_elements=["ingest_id"]).returning(observations.c.id)
             ).first()
-            labels = labels_json(env.labels)
             if stored is not None and labels is not None:
                 _set_labels(conn, {node_id: labels})
             return stored is not None

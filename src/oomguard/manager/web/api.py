@@ -23,8 +23,6 @@ from oomguard.manager import contract
 from oomguard.manager.alerts import STATUSES
 from oomguard.manager.bodies import (
     CLASS_PATTERN,
-    NODE_PATTERN,
-    PROFILE_PATTERN,
     EventEnvelope,
     ObservationEnvelope,
     ReportEnvelope,
@@ -47,6 +45,7 @@ from oomguard.manager.web.deps import (
     require_viewer,
 )
 from oomguard.manager.web.metrics import render_metrics
+from oomguard.nodes import NODE_PATTERN, PROFILE_PATTERN
 
 HEALTH_TIMEOUT_S = 2.0
 NO_NUL = r"^[^\x00]*$"
@@ -108,6 +107,14 @@ async def post_observation(
     idempotent retry of an id stored before answers ``stored: false``."""
     await may_write(request, credential, body.node)
     return Stored(stored=await db_write(request, store.ingest_observation_async(body)), id=body.id)
+
+
+@reads.get("/api/v1/profiles")
+async def get_profiles(request: Request, store: StoreDep) -> dict[str, Any]:
+    """The profiles observed in the recommender's window (14 days), the most observed first: each
+    one's runs (``samples``), ``nodes``, ``failures`` (OOM kills and pressure stops) and the time
+    of its newest run (``updated``); at most 200."""
+    return {"profiles": await db_read(request, store.profiles_index)}
 
 
 @advice.get("/api/v1/profiles/{profile}/recommendation")

@@ -250,3 +250,56 @@ def memory_chart(
     legend = "".join(f'<span class="legend {css}">{html.escape(label)}</span>' for _, label, css in SERIES)
     legend += '<span class="legend s-oom">OOM kill</span><span class="legend s-stop">pressure stop</span>'
     return "".join(parts) + f'<div class="legends">{legend}</div>'
+
+
+PROFILE_SPAN_S = 14 * 86400  # the recommender's window (manager/learning.py: WINDOW_MS)
+_OUTCOME_MARK = {"oom-kill": "oom", "pressure-stop": "stop"}
+
+
+def _level(f: _Frame, value: int, css: str, words: str) -> str:
+    """A horizontal line at *value* across the chart, labelled at its right end."""
+    y = f.y(value)
+    label = html.escape(words)
+    return (
+        f'<g class="{css}"><line x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
+        f'<text class="axis" x="{W - RIGHT - 4}" y="{y - 4:.1f}" text-anchor="end">{label}</text>'
+        f"<title>{label}</title></g>"
+    )
+
+
+def profile_chart(samples: list[Any], declared: int, recommended: int | None, now: float) -> str:
+    """An <svg> of a profile's observed per-job peaks over the recommender's window (one dot per
+    run: a red triangle for an OOM kill, an amber diamond for a pressure stop, each with its node,
+    time, size and peak on hover), against the declared size and the fleet's recommended size."""
+    if not samples:
+        return '<p class="muted">No observations in the window.</p>'
+    levels = [declared] + ([recommended] if recommended is not None else [])
+    needed = max([s.peak_per_job for s in samples] + [s.declared_per_job for s in samples] + levels)
+    step = y_step(needed)
+    f = _Frame(now - PROFILE_SPAN_S, now, -(-needed // step) * step or step)
+    parts = [f'<svg class="chart profile-chart" viewBox="0 0 {W} {H}" role="img" aria-label="observed per-job peaks">']
+    parts += _axes(f, step)
+    parts.append(_level(f, declared, "l-declared", f"declared {format_size(declared)}"))
+    if recommended is not None:
+        parts.append(_level(f, recommended, "l-recommended", f"recommended {format_size(recommended)}"))
+    for s in samples:
+        x, y = f.x(s.received_ms / 1000), f.y(s.peak_per_job)
+        tip = html.escape(
+            f"{s.node} ({s.node_class}), {_utc(s.received_ms / 1000)}: {s.outcome}, peak {format_size(s.peak_per_job)} "
+            f"per job at a size of {format_size(s.declared_per_job)}, {s.concurrency} job(s)"
+        )
+        mark = _OUTCOME_MARK.get(s.outcome)
+        if mark == "oom":
+            shape = f'<path d="M{x - 5:.1f},{y - 4:.1f} h10 l-5,8 z"/>'
+        elif mark == "stop":
+            shape = f'<path d="M{x:.1f},{y - 6:.1f} l5,6 l-5,6 l-5,-6 z"/>'
+        else:
+            shape = f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3"/>'
+        parts.append(f'<g class="run {mark or "ok"}">{shape}<title>{tip}</title></g>')
+    parts.append("</svg>")
+    legend = (
+        '<span class="legend l-declared">declared</span><span class="legend l-recommended">recommended (fleet)</span>'
+        '<span class="legend s-ws">a run\'s peak per job</span><span class="legend s-oom">OOM kill</span>'
+        '<span class="legend s-stop">pressure stop</span>'
+    )
+    return "".join(parts) + f'<div class="legends">{legend}</div>'

@@ -22,15 +22,16 @@ from markupsafe import Markup
 
 from oomguard.manager.alerts import LIVE, STATUSES
 from oomguard.manager.bodies import label_filter
+from oomguard.manager.learning import WINDOW_MS
 from oomguard.manager.reportschema import conform_report
 from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS
-from oomguard.manager.web.chart import RANGES, memory_chart
+from oomguard.manager.web.chart import RANGES, memory_chart, profile_chart
 from oomguard.manager.web.deps import SettingsDep, StoreDep, client_of, db_read, token_ok
 from oomguard.manager.web.forget import NOTICE
 from oomguard.manager.web.formatting import ALERTS_PAGE, ALERTS_SHOWN
 from oomguard.manager.web.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
 from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
-from oomguard.nodes import is_valid_node_name
+from oomguard.nodes import PROFILE_PATTERN, is_valid_node_name
 
 PAGE_SIZE = 50
 TIMELINE_PAGE = 25  # a node's events listed per page of its timeline
@@ -170,6 +171,27 @@ async def node_page(
         ranges=RANGES,
         can_forget=settings.admin_token is not None,
     )
+
+
+_PROFILE = re.compile(PROFILE_PATTERN[1:-1], re.ASCII)
+
+
+@fleet_pages.get("/profiles", response_class=HTMLResponse)
+async def profiles_page(request: Request, store: StoreDep) -> Response:
+    """The profiles the fleet observed in the recommender's window, the most observed first."""
+    return render(request, "profiles.html", profiles=await db_read(request, store.profiles_index))
+
+
+@fleet_pages.get("/profiles/{profile}", response_class=HTMLResponse)
+async def profile_page(request: Request, store: StoreDep, profile: str) -> Response:
+    """What the fleet learned of *profile* (``store/profiles.py``): declared against observed, the
+    recommendation per class of node, its OOM kills and pressure stops, and what applying it changes."""
+    view = await db_read(request, store.profile_view, profile) if _PROFILE.fullmatch(profile) else None
+    if view is None:
+        return render(request, "missing.html", http_status=404, name=profile[:128], what="profile")
+    recommended = view["fleet"].per_job_bytes
+    chart = Markup(profile_chart(view["samples"], view["declared_per_job_bytes"], recommended, time.time()))
+    return render(request, "profile.html", view=view, chart=chart, window_days=WINDOW_MS // 86_400_000)
 
 
 ERROR_WORDS = {

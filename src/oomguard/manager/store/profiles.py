@@ -1,0 +1,120 @@
+"""What the fleet learned of a profile, for its page (issue 23, item 4): declared against observed,
+the recommendation per class of node, the OOM kills and pressure stops at each size, and what
+applying the recommendation changes.
+
+- **Observed**: the profile's samples of the window (``learning.WINDOW_MS``, the newest
+  ``learning.MAX_SAMPLES``: the ones the recommender reads), newest first.
+- **Per class**: for each class that ran the profile, what a new node of it is told
+  (``learning.recommend`` without a node: its class's samples, else the fleet's), with its floor,
+  its failures and its nodes.
+- **What applying it changes**: for each node that ran the profile and has a budget, the jobs that
+  fit at the newest declared size, ``floor((budget - baseline) / per_job)`` (0 when the baseline
+  does not fit), against the jobs at its class's recommended size and baseline; summed per class
+  and over the fleet. A node without a known budget counts in neither sum and is said.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, case, func, select
+
+from oomguard.manager import learning
+from oomguard.manager.db import nodes, observations
+from oomguard.manager.store.learned import samples_of
+from oomguard.manager.times import iso_ms
+
+PROFILES_SHOWN = 200  # the most profiles the index lists, the most observed first
+FAILURES_SHOWN = 50  # the newest OOM kills and pressure stops listed
+
+
+def jobs_at(budget: int | None, per_job: int | None, baseline: int | None) -> int | None:
+    """Jobs of *per_job* that fit *budget* beside *baseline*; None when a number is unknown."""
+    if budget is None or per_job is None or per_job <= 0 or baseline is None:
+        return None
+    return max(0, (budget - baseline) // per_job)
+
+
+def profiles_index(conn: Connection, now: int) -> list[dict[str, Any]]:
+    """Each profile observed in the window: its samples, nodes, failures and newest sample."""
+    since = now - learning.WINDOW_MS
+    failed = func.sum(case((observations.c.outcome != "ok", 1), else_=0))
+    rows = conn.execute(
+        select(
+            observations.c.profile,
+            func.count(),
+            func.count(func.distinct(observations.c.node_id)),
+            failed,
+            func.max(observations.c.received_ms),
+        )
+        .where(observations.c.received_ms >= since)
+        .group_by(observations.c.profile)
+        .order_by(func.count().desc(), observations.c.profile)
+        .limit(PROFILES_SHOWN)
+    ).all()
+    return [
+        {"profile": p, "samples": int(n), "nodes": int(k), "failures": int(f or 0), "updated": iso_ms(int(t))}
+        for p, n, k, f, t in rows
+    ]
+
+
+def profile_view(conn: Connection, now: int, profile: str) -> dict[str, Any] | None:
+    """The page's figures for *profile* (module doc), or None when the window holds none of it."""
+    samples = list(samples_of(conn, profile, now - learning.WINDOW_MS).values())
+    if not samples:
+        return None
+    newest = samples[0]  # samples_of: newest first
+    budgets = dict(
+        conn.execute(
+            select(nodes.c.name, nodes.c.budget_bytes).where(nodes.c.name.in_(sorted({s.node for s in samples})))
+        ).all()
+    )
+    fleet = learning.recommend(now, None, None, samples, iso_ms)
+    classes = []
+    total = {"today": 0, "learned": 0, "nodes": 0, "unknown": 0}
+    for node_class in sorted({s.node_class for s in samples}):
+        mine = [s for s in samples if s.node_class == node_class]
+        answer = learning.recommend(now, None, node_class, samples, iso_ms)
+        today = learned = counted = unknown = 0
+        for node in sorted({s.node for s in mine}):
+            before = jobs_at(budgets.get(node), newest.declared_per_job, newest.declared_baseline)
+            after = jobs_at(budgets.get(node), answer.per_job_bytes, answer.baseline_bytes)
+            if before is None or after is None:
+                unknown += 1
+                continue
+            today, learned, counted = today + before, learned + after, counted + 1
+        peaks = sorted(s.peak_per_job for s in mine)
+        classes.append(
+            {
+                "node_class": node_class,
+                "samples": len(mine),
+                "nodes": len({s.node for s in mine}),
+                "oom_kills": sum(s.outcome == "oom-kill" for s in mine),
+                "pressure_stops": sum(s.outcome == "pressure-stop" for s in mine),
+                "peak_max_bytes": peaks[-1],
+                "peak_median_bytes": peaks[len(peaks) // 2],
+                "answer": answer,
+                "jobs_today": today,
+                "jobs_learned": learned,
+                "nodes_counted": counted,
+                "nodes_without_budget": unknown,
+            }
+        )
+        total = {
+            "today": total["today"] + today,
+            "learned": total["learned"] + learned,
+            "nodes": total["nodes"] + counted,
+            "unknown": total["unknown"] + unknown,
+        }
+    failures = [s for s in samples if s.outcome in learning.FAILURES][:FAILURES_SHOWN]
+    return {
+        "profile": profile,
+        "declared_per_job_bytes": newest.declared_per_job,
+        "declared_baseline_bytes": newest.declared_baseline,
+        "samples": samples,
+        "fleet": fleet,
+        "classes": classes,
+        "failures": [{"sample": s, "received": iso_ms(s.received_ms)} for s in failures],
+        "jobs": total,
+        "updated": iso_ms(newest.received_ms),
+    }
