@@ -1,0 +1,135 @@
+"""The fleet learns, in miniature (issue 23, item 6): three nodes as real memory cgroups, each with
+an agent and ``oomguard run --profile mini --learned`` reporting to one real manager.
+
+The profile declares 40 MiB a job and a 40 MiB baseline. On the ``under`` class (node ``u1``) its
+jobs really use 20 % more (48 MiB); on the ``over`` class (``o1``, ``o2``) 30 % less (28 MiB).
+Each node is a group limited to 320 MiB (memory and swap) whose worker gets a 280 MiB budget (the
+rest holds the supervisor): the declared size plans 6 jobs, which on ``under`` need
+40 + 6 x 48 = 328 MiB of the 320, so the kernel's OOM killer ends that run.
+
+Each round starts one ``run --restart never`` per node, at once, each asking the manager for the
+learned size first (``--learned --learned-may-lower``: the over-declared class is only helped by a
+lower size, the operator's choice), and then waits until the manager holds each run's observation.
+The worker is one Python process: it tops itself up to the baseline, then writes each job's real
+size in turn, and holds them all 0.5 s: the jobs' memory at once, allocated by one thread. (With a
+thread a job, the OOM-killed worker's threads faulting at once delayed the kernel's reaping of it,
+and the kernel once killed the supervisor too, 6 ms later: one run in five here.)
+``tests/test_miniature.py`` checks the outcome; ``bench/miniature.py`` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO
+from tests.manager_helpers import AGENT, VIEWER_H
+from tests.realcgroup import Group
+
+MiB = 1 << 20
+DECLARED, BASELINE = 40 * MiB, 40 * MiB
+LIMIT, BUDGET = 320 * MiB, 280 * MiB
+NODES = {"u1": ("under", 48 * MiB), "o1": ("over", 28 * MiB), "o2": ("over", 28 * MiB)}
+ROUNDS = 3
+WORKER = """
+import os, sys, time
+per_job, baseline = int(sys.argv[1]), int(sys.argv[2])
+def fill(n):
+    b = bytearray(n)
+    b[::4096] = b"\\x01" * len(range(0, n, 4096))  # every page written: resident, charged
+    return b
+rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+base = fill(max(0, baseline - rss))
+jobs = [fill(per_job) for _ in range(int(os.environ["OOMGUARD_CONCURRENCY"]))]  # all held at once
+time.sleep(0.5)
+"""
+
+
+@dataclass
+class Outcome:
+    """Per node, each round's concurrency and how its run ended; the kernel's OOM kills per group."""
+
+    concurrency: dict[str, list[int | None]] = field(default_factory=dict)
+    reasons: dict[str, list[str | None]] = field(default_factory=dict)
+    kernel_oom_kills: dict[str, int] = field(default_factory=dict)
+    learned: dict[str, list[dict[str, Any] | None]] = field(default_factory=dict)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OOMGUARD_") and "proxy" not in k.lower()}
+    return env | {"PYTHONPATH": str(REPO / "src"), "HOME": str(home)}
+
+
+def _in_group(group: Group, argv: list[str]) -> list[str]:
+    """*argv* started inside *group* (its PID written to ``cgroup.procs`` before the exec)."""
+    return ["/bin/sh", "-c", f'echo $$ > "{group.dir / "cgroup.procs"}" && exec "$@"', "sh", *argv]
+
+
+def _profiles(work: Path) -> Path:
+    path = work / "profiles.json"
+    path.write_text(json.dumps({"mini": {"per_job": f"{DECLARED}", "baseline": f"{BASELINE}"}}))
+    return path
+
+
+def observations(url: str) -> int:
+    req = urllib.request.Request(f"{url}/api/v1/profiles", headers=VIEWER_H)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        listed = json.loads(r.read())["profiles"]
+    return sum(p["samples"] for p in listed if p["profile"] == "mini")
+
+
+def run_miniature(url: str, groups: dict[str, Group], work: Path) -> Outcome:
+    """The rounds against the manager at *url*, one group per node (limited here)."""
+    profiles, out = _profiles(work), Outcome()
+    for name, group in groups.items():
+        group.set_limit(LIMIT)
+        if (group.dir / "memory.memsw.limit_in_bytes").exists():
+            group.write("memory.memsw.limit_in_bytes", str(LIMIT))  # no escape into swap
+        cls = NODES[name][0]
+        common = ["--manager", url, "--token", AGENT, "--node", name, "--node-class", cls]
+        agent = [sys.executable, "-m", "oomguard", "agent", *common, "--spool", str(work / name), "--once"]
+        sent = subprocess.run(
+            _in_group(group, [*agent, "--budget", str(BUDGET)]),
+            env=_env(work),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sent.returncode == 0, sent.stderr
+        out.concurrency[name], out.reasons[name], out.learned[name] = [], [], []
+    for round_no in range(ROUNDS):
+        running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        for name, group in groups.items():
+            events = work / f"{name}-{round_no}.jsonl"
+            cls, per_job = NODES[name]
+            argv = [
+                *(sys.executable, "-m", "oomguard", "run", "--budget", str(BUDGET), "--restart", "never"),
+                *("--profiles", str(profiles), "--profile", "mini", "--learned", "--learned-may-lower"),
+                *("--manager", url, "--token", AGENT, "--node", name, "--node-class", cls),
+                *("--spool", str(work / name), "--events", str(events)),
+                *("--", sys.executable, "-c", WORKER, str(per_job), str(BASELINE)),
+            ]
+            running[name] = (subprocess.Popen(_in_group(group, argv), env=_env(work), stderr=subprocess.PIPE), events)
+        for name, (started, events) in running.items():
+            _, err = started.communicate(timeout=120)
+            seen = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+            start = next((e for e in seen if e["event"] == "start"), None)
+            end = next((e for e in seen if e["event"] == "exit"), None)
+            said = (name, round_no, started.returncode, groups[name].oom_kills(), err.decode(errors="replace")[-2000:])
+            assert start is not None and end is not None, said
+            out.concurrency[name].append(start["concurrency"])
+            out.reasons[name].append(end["reason"])
+            out.learned[name].append(start["learned"])
+        want, deadline = len(groups) * (round_no + 1), time.monotonic() + 30
+        while observations(url) < want and time.monotonic() < deadline:  # each run's, through its spool
+            time.sleep(0.1)
+        assert observations(url) == want, (observations(url), want)
+    out.kernel_oom_kills = {name: group.oom_kills() for name, group in groups.items()}
+    return out
