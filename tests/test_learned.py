@@ -272,3 +272,83 @@ def test_run_starts_at_the_learned_size_says_so_and_observes_that_size(profiles:
         assert seen["node_class"] == "lab2"  # --node-class: the node_class label of run's envelopes
     finally:
         server.stop()
+
+
+# -- MemoryBudget's observations -----------------------------------------------------------------
+
+
+class Box:
+    """A working set the test sets; the watch's sampler reads it."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __call__(self) -> int:
+        return self.value
+
+
+def _until(cond: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.002)
+
+
+def test_a_watched_budget_observes_what_its_jobs_really_used() -> None:
+    """Declared 100 MiB a job; each really raises the working set by 125 MiB: the overshoot the
+    watch learns (two samples in a row) makes the observation's per-job peak."""
+    box = Box(50 * MiB)  # the worker's baseline: what it holds with nothing reserved
+    watch = oomguard.Watch(box, 2 * GiB, margin_bytes=0, interval=0.01, warmup_bytes=0)
+    with oomguard.MemoryBudget(2 * GiB, watch=watch) as budget:
+        assert budget.observation("tiny", 100 * MiB) is None  # nothing learned yet: nothing to say
+        jobs = [budget.reserve(100 * MiB) for _ in range(3)]
+        box.value = 50 * MiB + 3 * 125 * MiB
+        _until(lambda: budget.overshoot == 1.25)
+        for r in jobs:
+            r.release()
+        seen = budget.observation("tiny", 100 * MiB, 40 * MiB)
+    assert seen is not None and seen["time"].endswith("Z")
+    assert {k: v for k, v in seen.items() if k != "time"} == {
+        "profile": "tiny",
+        "declared_per_job_bytes": 100 * MiB,
+        "peak_per_job_bytes": 125 * MiB,
+        "declared_baseline_bytes": 40 * MiB,
+        "peak_baseline_bytes": 50 * MiB,
+        "concurrency": 3,
+        "outcome": "ok",
+    }
+    assert oomguard.MemoryBudget(GiB).observation("tiny", MiB) is None  # no watch: nothing seen
+    with pytest.raises(ValueError, match="per_job must be an int above 0"):
+        oomguard.MemoryBudget(GiB).observation("tiny", 0)
+
+
+@pytest.mark.slow
+def test_send_observation_spools_and_delivers_and_the_manager_learns_from_it(tmp_path: Path) -> None:
+    server = ManagerProcess(f"sqlite:///{tmp_path / 'fleet.db'}").start()
+    obs = {
+        "profile": "tiny",
+        "declared_per_job_bytes": 64 * MiB,
+        "peak_per_job_bytes": 80 * MiB,
+        "declared_baseline_bytes": 16 * MiB,
+        "peak_baseline_bytes": 20 * MiB,
+        "concurrency": 3,
+        "outcome": "ok",
+        "time": "2027-01-15T08:00:00Z",
+    }
+    spool = str(tmp_path / "spool")
+    try:
+        for _ in range(3):
+            fate = oomguard.send_observation(obs, manager=server.url, token=AGENT, node="mb1", spool=spool)
+            assert fate == "delivered"
+        seen = advice(server.url, "mb1")
+        assert (seen["source"], seen["samples"]) == ("node", 3)
+        assert seen["per_job_bytes"] == math.ceil(80 * MiB * (1 + MARGIN))
+        assert seen["baseline_bytes"] == math.ceil(20 * MiB * (1 + MARGIN))  # measured, by the watch
+        bad = oomguard.send_observation(
+            {**obs, "concurrency": 0}, manager=server.url, token=AGENT, node="mb1", spool=spool
+        )
+        assert bad == "rejected"  # the manager's 422: kept in rejected/, never retried
+    finally:
+        server.stop()
+    later = oomguard.send_observation(obs, manager=server.url, token=AGENT, node="mb1", spool=spool)
+    assert later == "spooled"  # the manager is gone: it waits in the spool for the agent

@@ -34,6 +34,7 @@ __all__ = [
     "parse_size",
     "probe",
     "resolve_budget",
+    "send_observation",
     "to_json",
 ]
 
@@ -45,6 +46,7 @@ _LAZY = {
     "Shape": "policy.plan",
     "make_plan": "policy.plan",
     "learned_shape": "agent.learned",
+    "send_observation": "agent.learned",
     "resolve_budget": "policy.budget",
     "Report": "_types",
     "Root": "sources.root",
@@ -65,7 +67,7 @@ _LAZY = {
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Report
-    from oomguard.agent.learned import learned_shape
+    from oomguard.agent.learned import learned_shape, send_observation
     from oomguard.commands.render import to_json
     from oomguard.errors import BadParameter, OomguardError, SnapshotError, ThresholdError, UsageError
     from oomguard.policy.budget import probe, resolve_budget

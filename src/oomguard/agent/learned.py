@@ -200,3 +200,37 @@ def learned_shape(
         ceiling=report["memory"]["effective_bytes"],
         may_lower=may_lower,
     )
+
+
+def send_observation(
+    observation: dict[str, Any],
+    *,
+    manager: str,
+    token: str | None = None,
+    node: str | None = None,
+    spool: str | None = None,
+    timeout: float = 5.0,
+) -> str:
+    """Send *observation* (``MemoryBudget.observation``) to the fleet manager's recommender,
+    through the agent's spool: written there first (durable, sent once by its id), then the spool
+    is flushed, oldest first. Its fate: ``delivered``, ``spooled`` (the agent, or a later call,
+    sends it), ``rejected`` (the manager refuses it: it moves to the spool's ``rejected/``),
+    ``token`` or ``url``, or ``lost`` (neither spooled nor delivered). The node's class is the
+    observation's ``node_class``, else ``OOMGUARD_NODE_CLASS``. Defaults as for
+    ``learned_shape``; ``BadParameter`` for a bad *manager*, *token* or *spool*."""
+    from oomguard.agent.node import default_node_name, sanitize_node_name
+    from oomguard.agent.sender import Sender
+    from oomguard.agent.spool import default_spool_dir, open_spool
+    from oomguard.errors import BadParameter
+    from oomguard.nodes import node_class_problem
+
+    env = dict(os.environ)
+    token = env.get("OOMGUARD_AGENT_TOKEN", "") if token is None else token
+    node = sanitize_node_name(node) if node else default_node_name(env)
+    cls = observation.get("node_class") or env.get("OOMGUARD_NODE_CLASS", "").strip() or None
+    problem = None if cls is None else node_class_problem(str(cls))
+    if problem is not None:
+        raise BadParameter("node_class", problem)
+    sent = dict(observation) | ({"node_class": cls} if cls else {})
+    sender = Sender(manager, token, open_spool(spool or default_spool_dir(env)), timeout=timeout)
+    return sender.send("observation", sender.envelope(node, observation=sent))

@@ -35,7 +35,7 @@ class Admission:
     budget's static rule decides); the first unknown sample sets *warning*.
     """
 
-    __slots__ = ("active", "baseline", "k", "last_ratio", "over", "released", "warning", "watch", "ws")
+    __slots__ = ("active", "baseline", "k", "last_ratio", "learned", "over", "released", "warning", "watch", "ws")
 
     def __init__(self, watch: Watch) -> None:
         self.watch = watch
@@ -47,6 +47,7 @@ class Admission:
         self.active = True
         self.released = 0  # bytes of reservations released since the watch began
         self.last_ratio: float | None = None
+        self.learned = False  # k was taken from two samples in a row at least once
 
     @property
     def factor(self) -> float:
@@ -79,6 +80,7 @@ class Admission:
         ratio = used / reserved
         if self.last_ratio is not None:
             self.k = min(MAX_OVERSHOOT, max(self.k, min(ratio, self.last_ratio)))
+            self.learned = True
         self.last_ratio = ratio
 
     def excess(self, reserved: int, nbytes: int) -> int | None:

@@ -114,6 +114,7 @@ class MemoryBudget:
             raise ValueError("on_over_budget needs a watch (watch=True or a Watch)")
         self.total = total_bytes
         self._used = 0
+        self.peak_reserved = 0  # the most bytes held at once
         self._lock = threading.Lock()
         self._waiters: deque[_Waiter] = deque()
         self._evict = evict
@@ -188,6 +189,41 @@ class MemoryBudget:
             except Exception as exc:  # the sampler thread must live on
                 self.hook_error = exc
 
+    def observation(self, profile: str, per_job: int, baseline: int = 0, outcome: str = "ok") -> dict[str, Any] | None:
+        """What this budget's jobs really used, as an observation for the fleet manager's
+        recommender (``POST /api/v1/observations``; ``oomguard.send_observation`` sends it), or
+        None: no watch, or no overshoot learned yet (``Admission``: two samples in a row with at
+        least a sixteenth of the ceiling reserved).
+
+        The caller reserves *per_job* bytes a job (its declared size) beside *baseline*. Per job:
+        *per_job* times the overshoot ratio the watch learned (the working set's rise over the
+        bytes reserved, the most two samples in a row said); the baseline: the working set seen
+        with nothing reserved; the concurrency: the most bytes held at once over *per_job*.
+        Bias: the ratio is the largest seen, so each job reads as large as the worst moment
+        (the safe way); jobs that reserve less than *per_job* read larger."""
+        if isinstance(per_job, bool) or not isinstance(per_job, int) or per_job <= 0:
+            raise ValueError(f"per_job must be an int above 0, got {per_job!r}")
+        if self._admission is None:
+            return None
+        import math
+
+        from oomguard.times import iso_now
+
+        with self._lock:
+            adm = self._admission
+            if not adm.learned:
+                return None
+            return {
+                "profile": profile,
+                "declared_per_job_bytes": per_job,
+                "peak_per_job_bytes": math.ceil(per_job * adm.k),
+                "declared_baseline_bytes": baseline,
+                "peak_baseline_bytes": adm.baseline,
+                "concurrency": max(1, round(self.peak_reserved / per_job)),
+                "outcome": outcome,
+                "time": iso_now(),
+            }
+
     @property
     def watch_warning(self) -> str | None:
         """Set once, when the working set could not be read (admission then uses reserved bytes only)."""
@@ -236,6 +272,7 @@ class MemoryBudget:
     def _take_locked(self, nbytes: int) -> bool:
         if not self._waiters and self._fits_locked(nbytes):
             self._used += nbytes
+            self.peak_reserved = max(self.peak_reserved, self._used)
             return True
         return False
 
@@ -319,6 +356,7 @@ class MemoryBudget:
         while waiters and self._fits_locked(waiters[0].nbytes):
             w = waiters.popleft()
             self._used += w.nbytes
+            self.peak_reserved = max(self.peak_reserved, self._used)
             w.granted = True
             if w.event is not None:
                 w.event.set()
