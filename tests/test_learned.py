@@ -26,7 +26,7 @@ from oomguard.policy.plan import Shape
 from tests.agent_fake import unused_port_url
 from tests.conftest import run_oomguard
 from tests.helpers.fuzz import examples
-from tests.manager_helpers import AGENT, AGENT_H, VIEWER_H, ManagerProcess
+from tests.manager_helpers import AGENT, AGENT_H, VIEWER_H, ManagerProcess, db_url_of
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -176,8 +176,11 @@ def plan(url: str, profiles: Path, spool: Path, node: str, *more: str) -> tuple[
 
 
 @pytest.mark.slow
-def test_plan_takes_the_learned_size_keeps_it_and_plans_with_it_offline(profiles: Path, tmp_path: Path) -> None:
-    server = ManagerProcess(f"sqlite:///{tmp_path / 'fleet.db'}").start()
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_plan_takes_the_learned_size_keeps_it_and_plans_with_it_offline(
+    db: str, profiles: Path, tmp_path: Path
+) -> None:
+    server = ManagerProcess(db_url_of(db, tmp_path, "learned_")).start()
     spool = tmp_path / "spool"
     try:
         for _ in range(3):  # enough for a node's own answer (manager/learning.py: MIN_SAMPLES)
@@ -242,8 +245,9 @@ def test_learned_needs_a_profile_and_a_manager_and_says_so_in_one_line(profiles:
 
 
 @pytest.mark.slow
-def test_run_starts_at_the_learned_size_says_so_and_observes_that_size(profiles: Path, tmp_path: Path) -> None:
-    server = ManagerProcess(f"sqlite:///{tmp_path / 'fleet.db'}").start()
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_run_starts_at_the_learned_size_and_observes_that_size(db: str, profiles: Path, tmp_path: Path) -> None:
+    server = ManagerProcess(db_url_of(db, tmp_path, "learned_")).start()
     events, out = tmp_path / "events.jsonl", tmp_path / "per_job"
     worker = f"echo $OOMGUARD_PER_JOB_BYTES > {out}; exec {sys.executable} -c 'import time; time.sleep(0.5)'"
     try:

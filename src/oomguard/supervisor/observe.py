@@ -10,7 +10,12 @@ event, built here from that event and the run's shape:
   begin);
 - ``outcome``: ``oom-kill`` and ``pressure-stop`` as the exit's reason; ``ok`` for a clean exit or
   an exit with a status (its peak is still a peak). A run ended by a signal from outside, or
-  without a known peak or concurrency, is no observation.
+  without a known peak or concurrency, is no observation, but for an OOM kill: the lesson that
+  matters most. Without ``--isolate`` the OOM reaper often empties a killed worker before it
+  exits, so its peak is unknown (``peak.py``); the kernel killed it at the limit, though, so its
+  peak is taken as the limit (``effective_bytes``) less what the group's other processes held
+  (``outside_bytes``): what the worker had reached when it was killed. ``tests/test_miniature.py``
+  lost its only kill without this, under load.
 
 Its bias, and which way: the baseline is taken as declared, so a worker whose real baseline is
 larger reads its jobs as larger (the safe way); jobs that peak at different times share the
@@ -40,6 +45,9 @@ def observation(
         return None
     outcome = OUTCOMES.get(str(exit_event.get("reason")))
     peak, jobs, when = exit_event.get("peak_bytes"), exit_event.get("concurrency"), exit_event.get("time")
+    limit, outside = exit_event.get("effective_bytes"), exit_event.get("outside_bytes")
+    if outcome == "oom-kill" and not isinstance(peak, int) and isinstance(limit, int):
+        peak = max(0, limit - (outside if isinstance(outside, int) else 0))  # killed at the limit
     if outcome is None or not isinstance(peak, int) or not isinstance(jobs, int) or jobs < 1 or not when:
         return None
     return {
