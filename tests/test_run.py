@@ -890,3 +890,16 @@ def test_run_refuses_a_zero_budget(group: Group, tmp_path: Path) -> None:
     assert rc == 3 and not marker.exists()
     assert [e["event"] for e in ev] == ["give-up"] and ev[0]["budget_bytes"] == 0
     assert err.count("\n") == 1 and err.startswith("oomguard run: give-up: the budget is 0 B: the 256 MiB safety")
+
+
+def test_the_supervisor_without_manager_loads_no_network_code(tmp_path: Path) -> None:
+    """The supervisor shares its worker's memory cgroup: without --manager it imports neither the
+    agent's package nor urllib (they once rode in with the node-class label's name: 25 MiB of RSS
+    against 15 MiB, and podman's 64 MiB container checks then saw the supervisor OOM-killed too)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-X", "importtime", "-m", "oomguard", "run", "--budget", "1GiB", "--restart", "never"]
+    proc = subprocess.run([*cmd, "--", "true"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "oomguard.supervisor.supervise" in imported  # the listing is there
+    assert not {"oomguard.agent", "urllib.request", "http.client"} & imported, sorted(imported)

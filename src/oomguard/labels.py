@@ -26,6 +26,7 @@ KEY_PATTERN = r"^(?:[a-zA-Z][a-zA-Z0-9_]{0,62}|_[a-zA-Z0-9][a-zA-Z0-9_]{0,61}|_)
 KEY_MAX = 63
 VALUE_MAX = 256
 LABELS_MAX = 16
+CLASS_LABEL = "node_class"  # the operator's class of node (--node-class), for the fleet's recommender
 
 # Python's "$" also matches before a trailing newline: fullmatch without the anchors is the same rule.
 _KEY_RE = re.compile(KEY_PATTERN[1:-1], re.ASCII)

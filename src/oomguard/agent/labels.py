@@ -30,14 +30,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from oomguard.errors import UsageError
-from oomguard.labels import VALUE_MAX, label_problem, labels_problem, shown
+from oomguard.labels import CLASS_LABEL, VALUE_MAX, label_problem, labels_problem, shown
 from oomguard.nodes import node_class_problem
 
 # vast.ai sets CONTAINER_ID and VAST_CONTAINERLABEL in its containers (docs/research/fleet.md);
 # K8S_NODE_NAME is the downward API's spec.nodeName where the manifest sets it (deploy/k8s/worker.yaml).
 ENV_LABELS = ("CONTAINER_ID", "VAST_CONTAINERLABEL", "K8S_NODE_NAME")
 ENV_VAR = "OOMGUARD_LABELS"
-CLASS_LABEL = "node_class"
 CLASS_ENV = "OOMGUARD_NODE_CLASS"
 
 _T = TypeVar("_T")

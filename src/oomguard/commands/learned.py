@@ -57,8 +57,8 @@ def learner(args: argparse.Namespace, shape: Shape | None) -> Learner | None:
     if manager is None:
         raise UsageError("--learned needs --manager URL")
     from oomguard.agent.client import check_manager, check_token
-    from oomguard.agent.labels import CLASS_LABEL
     from oomguard.commands.agent import _labels, _node, _spool, _token
+    from oomguard.labels import CLASS_LABEL
 
     try:
         manager, token = check_manager(manager), check_token(_token(args))

@@ -143,9 +143,9 @@ def _guard(args: argparse.Namespace) -> GuardSettings | None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from oomguard.agent.labels import CLASS_LABEL
     from oomguard.commands.agent import _labels, forwarder
     from oomguard.commands.learned import learner
+    from oomguard.labels import CLASS_LABEL
     from oomguard.supervisor.events import EventLog
     from oomguard.supervisor.observe import observation
     from oomguard.supervisor.supervise import RunConfig, Supervisor

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, true
 
+from oomguard.labels import CLASS_LABEL
 from oomguard.manager import learning
 from oomguard.manager.db import nodes, observations
 from oomguard.manager.store import text
@@ -82,7 +83,6 @@ def _scope(
     return samples_of(conn, profile, since_ms, where)
 
 
-CLASS_LABEL = "node_class"  # oomguard.agent.labels.CLASS_LABEL: the operator's class of node
 _CLASS_RE = re.compile(NODE_CLASS_PATTERN[1:-1], re.ASCII)
 
 
