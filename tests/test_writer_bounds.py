@@ -131,11 +131,13 @@ def _hang_and_check(url: str, c: TestClient, committer: GroupCommitter, hang: An
         assert committer.held_bytes <= PADDING + 2 * JOB_OVERHEAD + 20_000  # only the blocker's bytes
     statuses = [status for status, _, _ in answers]
     assert set(statuses) == {503}, statuses
-    at_once = [took for _, took, _ in answers if took < REQUEST_TIMEOUT_S * 0.8]
-    waited = [took for _, took, _ in answers if took >= REQUEST_TIMEOUT_S * 0.8]
     # Past the cap: refused at once; the others waited their time-out in the queue and were withdrawn.
-    assert len(at_once) == committer.refused and len(at_once) >= 1, answers
-    assert len(waited) == committer.withdrawn and len(waited) >= 1, answers
+    # Counted by the committer, not told apart by the time each took: on CI's loaded machine the
+    # refusals themselves came 3.8 s late (the event loop behind 25 requests at once).
+    assert committer.refused >= 1 and committer.withdrawn >= 1, (committer.refused, committer.withdrawn)
+    assert committer.refused + committer.withdrawn == len(later), (committer.refused, committer.withdrawn)
+    took = sorted(t for _, t, _ in answers)
+    assert all(t >= REQUEST_TIMEOUT_S * 0.8 for t in took[-committer.withdrawn :]), answers  # they waited it out
     assert all(after is not None and after.isdigit() for _, _, after in answers)  # Retry-After on every 503
     assert sampler.peak <= CAP, sampler.peak
     resume()
