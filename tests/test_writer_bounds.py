@@ -223,6 +223,8 @@ def test_the_cap_has_a_sensible_default_and_a_lone_write_always_fits(tmp_path: P
     settings = Settings(db_url=url, agent_token=AGENT, viewer_token=VIEWER)
     store = Store(make_engine(url), write_queue_bytes=1)  # smaller than any write
     with local_client(create_app(settings, store)) as c:
+        # The start-up read of the node names (app.warm) is a job of the writer too: wait for it.
+        _wait(lambda: store._writer.committer.held_bytes == 0, "the start-up read did not end")
         for k in range(3):  # one at a time: each is alone in the queue, so each fits
             assert _post(c, "n", f"lone-{k}")[0] == 200
     assert _stored(url, [f"lone-{k}" for k in range(3)]) == {f"lone-{k}": 1 for k in range(3)}

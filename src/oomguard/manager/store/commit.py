@@ -160,10 +160,15 @@ class GroupCommitter:
             try:
                 self._run(batch)
             finally:
+                # The bytes are released before any caller hears back: a client that writes again
+                # as soon as it has its answer must find them gone (with a tiny cap, a lone write
+                # after another's answer was refused while they were still counted).
                 with self._cond:
                     self.held_bytes -= sum(job.size for job in batch)
                     for job in batch:
                         job.fn = None
+                for job in batch:
+                    job.finish()
 
     def _apply(self, conn: Connection, batch: list[_Job]) -> list[Any]:
         bulk_jobs = [job for job in batch if not callable(job.fn)]
@@ -190,5 +195,3 @@ class GroupCommitter:
                         job.result = self._apply(conn, [job])[0]
                 except Exception as exc:
                     job.error = exc
-        for job in batch:
-            job.finish()
