@@ -69,6 +69,12 @@ def sanitize_node_name(name: str) -> str:
 
 
 _CLASS_RE = re.compile(NODE_CLASS_PATTERN[1:-1], re.ASCII)
+_PROFILE_RE = re.compile(PROFILE_PATTERN[1:-1], re.ASCII)
+
+
+def is_valid_profile_name(name: object) -> bool:
+    """True when the manager accepts *name* as a profile's name."""
+    return isinstance(name, str) and _PROFILE_RE.fullmatch(name) is not None
 
 
 def node_class_problem(value: str) -> str | None:

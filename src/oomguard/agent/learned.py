@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import tempfile
 import time
 import urllib.error
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 
 from oomguard._version import __version__
 from oomguard.agent.client import NoRedirect, check_manager, check_token, http_outcome, network_why
-from oomguard.nodes import PROFILE_PATTERN
+from oomguard.nodes import is_valid_profile_name
 from oomguard.policy.learned import Answer, apply, parse_answer
 
 TYPE_CHECKING = False
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 CACHE_DIR = "learned"  # under the spool directory
 MAX_ANSWER = 1 << 20  # an answer is a few kilobytes; more is not one
-PROFILE_NAME = re.compile(PROFILE_PATTERN[1:-1], re.ASCII)  # fullmatch: Python's "$" takes a trailing newline
 
 
 @dataclass(frozen=True)
@@ -127,7 +125,7 @@ def fetch(
     """The manager's answer for *profile* on *node* of *node_class* (None: the class the manager
     knows the node by), kept on disk under *spool*; else the answer kept from before, else none.
     ``BadParameter`` only for a bad URL or token (the caller's flags)."""
-    if not PROFILE_NAME.fullmatch(profile):
+    if not is_valid_profile_name(profile):
         return Fetched(None, "none", unreached=f"the profile name {profile!r} is not one the manager takes"[:160])
     raw, why = ask(manager, token, profile, node, timeout=timeout, node_class=node_class)
     path = cache_path(spool, profile)

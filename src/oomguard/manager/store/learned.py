@@ -14,7 +14,6 @@ manager has never heard of.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from sqlalchemy import Connection, func, select, true
@@ -24,7 +23,7 @@ from oomguard.manager import learning
 from oomguard.manager.db import nodes, observations
 from oomguard.manager.store import text
 from oomguard.manager.times import iso_ms
-from oomguard.nodes import NODE_CLASS_PATTERN
+from oomguard.nodes import node_class_problem
 
 _COLUMNS = (
     observations.c.id,
@@ -83,9 +82,6 @@ def _scope(
     return samples_of(conn, profile, since_ms, where)
 
 
-_CLASS_RE = re.compile(NODE_CLASS_PATTERN[1:-1], re.ASCII)
-
-
 def labelled_class(labels_json: str | None) -> str | None:
     """The operator's class in a node's labels (the ``labels`` column), when it follows the rule."""
     if not labels_json:
@@ -94,7 +90,7 @@ def labelled_class(labels_json: str | None) -> str | None:
         value = json.loads(labels_json).get(CLASS_LABEL)
     except (ValueError, AttributeError):
         return None
-    return value if isinstance(value, str) and _CLASS_RE.fullmatch(value) else None
+    return value if isinstance(value, str) and node_class_problem(value) is None else None
 
 
 def stored_class(conn: Connection, node_id: int) -> str:

@@ -31,7 +31,7 @@ from oomguard.manager.web.forget import NOTICE
 from oomguard.manager.web.formatting import ALERTS_PAGE, ALERTS_SHOWN
 from oomguard.manager.web.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
 from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
-from oomguard.nodes import PROFILE_PATTERN, is_valid_node_name
+from oomguard.nodes import is_valid_node_name, is_valid_profile_name
 
 PAGE_SIZE = 50
 TIMELINE_PAGE = 25  # a node's events listed per page of its timeline
@@ -173,9 +173,6 @@ async def node_page(
     )
 
 
-_PROFILE = re.compile(PROFILE_PATTERN[1:-1], re.ASCII)
-
-
 @fleet_pages.get("/profiles", response_class=HTMLResponse)
 async def profiles_page(request: Request, store: StoreDep) -> Response:
     """The profiles the fleet observed in the recommender's window, the most observed first."""
@@ -186,7 +183,7 @@ async def profiles_page(request: Request, store: StoreDep) -> Response:
 async def profile_page(request: Request, store: StoreDep, profile: str) -> Response:
     """What the fleet learned of *profile* (``store/profiles.py``): declared against observed, the
     recommendation per class of node, its OOM kills and pressure stops, and what applying it changes."""
-    view = await db_read(request, store.profile_view, profile) if _PROFILE.fullmatch(profile) else None
+    view = await db_read(request, store.profile_view, profile) if is_valid_profile_name(profile) else None
     if view is None:
         return render(request, "missing.html", http_status=404, name=profile[:128], what="profile")
     recommended = view["fleet"].per_job_bytes
