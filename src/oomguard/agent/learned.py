@@ -142,6 +142,30 @@ def fetch(
     return Fetched(kept[0], "cache", fetched=kept[1], unreached=why)
 
 
+def _defaults(
+    token: str | None, node: str | None, spool: str | None, node_class: object
+) -> tuple[str, str, str, str | None]:
+    """The agent's defaults for what the caller left out: the token (``OOMGUARD_AGENT_TOKEN``), the
+    node's name (sanitized, else the agent's default), the spool, the class (``OOMGUARD_NODE_CLASS``;
+    ``BadParameter`` for one outside the rule)."""
+    from oomguard.agent.node import default_node_name, sanitize_node_name
+    from oomguard.agent.spool import default_spool_dir
+    from oomguard.errors import BadParameter
+    from oomguard.nodes import node_class_problem
+
+    env = dict(os.environ)
+    cls = str(node_class or "") or env.get("OOMGUARD_NODE_CLASS", "").strip() or None
+    problem = None if cls is None else node_class_problem(cls)
+    if problem is not None:
+        raise BadParameter("node_class", problem)
+    return (
+        env.get("OOMGUARD_AGENT_TOKEN", "") if token is None else token,
+        sanitize_node_name(node) if node else default_node_name(env),
+        spool or default_spool_dir(env),
+        cls,
+    )
+
+
 def learned_shape(
     shape: Shape,
     *,
@@ -167,25 +191,13 @@ def learned_shape(
     (else the class the manager knows the node by), *report* to a fresh ``probe()`` (its ceiling
     bounds the learned size). ``BadParameter`` for a bad *manager* or *token*, ``ValueError``
     for a shape without a profile; the network and the disk never raise (the decision says)."""
-    from oomguard.agent.node import default_node_name, sanitize_node_name
-    from oomguard.agent.spool import default_spool_dir
-    from oomguard.errors import BadParameter
-    from oomguard.nodes import node_class_problem
-
     if shape.profile is None:
         raise ValueError("learned_shape needs a shape with a profile (Shape(..., profile=NAME))")
-    env = dict(os.environ)
-    token = env.get("OOMGUARD_AGENT_TOKEN", "") if token is None else token
-    node = sanitize_node_name(node) if node else default_node_name(env)
+    token, node, spool, node_class = _defaults(token, node, spool, node_class)
     if report is None:
         from oomguard.policy.budget import probe
 
         report = probe()
-    node_class = node_class or env.get("OOMGUARD_NODE_CLASS", "").strip() or None
-    problem = None if node_class is None else node_class_problem(node_class)
-    if problem is not None:
-        raise BadParameter("node_class", problem)
-    spool = spool or default_spool_dir(env)
     got = fetch(
         check_manager(manager), check_token(token), shape.profile, node, spool, timeout=timeout, node_class=node_class
     )
@@ -216,19 +228,10 @@ def send_observation(
     ``token`` or ``url``, or ``lost`` (neither spooled nor delivered). The node's class is the
     observation's ``node_class``, else ``OOMGUARD_NODE_CLASS``. Defaults as for
     ``learned_shape``; ``BadParameter`` for a bad *manager*, *token* or *spool*."""
-    from oomguard.agent.node import default_node_name, sanitize_node_name
     from oomguard.agent.sender import Sender
-    from oomguard.agent.spool import default_spool_dir, open_spool
-    from oomguard.errors import BadParameter
-    from oomguard.nodes import node_class_problem
+    from oomguard.agent.spool import open_spool
 
-    env = dict(os.environ)
-    token = env.get("OOMGUARD_AGENT_TOKEN", "") if token is None else token
-    node = sanitize_node_name(node) if node else default_node_name(env)
-    cls = observation.get("node_class") or env.get("OOMGUARD_NODE_CLASS", "").strip() or None
-    problem = None if cls is None else node_class_problem(str(cls))
-    if problem is not None:
-        raise BadParameter("node_class", problem)
+    token, node, spool, cls = _defaults(token, node, spool, observation.get("node_class"))
     sent = dict(observation) | ({"node_class": cls} if cls else {})
-    sender = Sender(manager, token, open_spool(spool or default_spool_dir(env)), timeout=timeout)
+    sender = Sender(manager, token, open_spool(spool), timeout=timeout)
     return sender.send("observation", sender.envelope(node, observation=sent))
