@@ -9,6 +9,7 @@ Usage: python bench/ingest.py [--seconds 10] [--clients 50] [--db sqlite|postgre
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import sys
@@ -26,8 +27,15 @@ from tests.manager_helpers import AGENT_H, ManagerProcess, fixture_report  # noq
 from tests.pg import PostgresServer  # noqa: E402
 
 
-def arg(name: str, default: str) -> str:
-    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+def options() -> argparse.Namespace:
+    """The command line (an unknown option, or ``--help``, is argparse's: it used to be ignored and
+    the bench ran anyway)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="each measure's length (default 10)")
+    parser.add_argument("--clients", type=int, default=50, help="keep-alive clients (default 50)")
+    parser.add_argument("--db", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument("--src", metavar="DIR", help="serve from another source tree")
+    return parser.parse_args()
 
 
 def hammer(
@@ -94,8 +102,8 @@ def rates(
     return h_ok / seconds, r_ok / seconds, h_bad, r_bad
 
 
-def run(db_url: str, label: str, clients: int, seconds: float) -> None:
-    env = {"PYTHONPATH": arg("--src", str(REPO / "src"))}
+def run(db_url: str, label: str, clients: int, seconds: float, src: str | None) -> None:
+    env = {"PYTHONPATH": src or str(REPO / "src")}
     h, r, h_bad, r_bad = rates(db_url, lambda i: f"node-{i:05d}", clients, seconds, env)
     print(
         f"{label:<11} /healthz {h:8.0f}/s   reports {r:8.0f}/s stored   ratio {r / h:5.2f}   "
@@ -104,16 +112,15 @@ def run(db_url: str, label: str, clients: int, seconds: float) -> None:
 
 
 def main() -> None:
-    seconds = float(arg("--seconds", "10"))
-    clients = int(arg("--clients", "50"))
-    which = arg("--db", "both")
+    opts = options()
+    seconds, clients, which = opts.seconds, opts.clients, opts.db
     print(
         f"{clients} concurrent keep-alive clients, {seconds:g} s each, report body {len(json.dumps(fixture_report()))} "
         "bytes (a real report); client and server share this machine's CPUs"
     )
     if which in ("sqlite", "both"):
         with tempfile.TemporaryDirectory() as d:
-            run(f"sqlite:///{d}/bench.db", "SQLite", clients, seconds)
+            run(f"sqlite:///{d}/bench.db", "SQLite", clients, seconds, opts.src)
     if which in ("postgresql", "both"):
         pg = PostgresServer()
         why = pg.unavailable()
@@ -122,7 +129,7 @@ def main() -> None:
             return
         pg.start()
         try:
-            run(pg.create_db("bench"), "PostgreSQL", clients, seconds)
+            run(pg.create_db("bench"), "PostgreSQL", clients, seconds, opts.src)
         finally:
             pg.stop()
 
