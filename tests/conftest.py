@@ -93,3 +93,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("OOMGUARD_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_databases() -> Any:
+    """At each test module's end, the connections its tests left open to the shared PostgreSQL
+    (``manager_helpers.release_databases``); nothing where no test used it."""
+    yield
+    helpers = sys.modules.get("tests.manager_helpers")
+    if helpers is not None:
+        helpers.release_databases()

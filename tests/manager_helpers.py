@@ -121,7 +121,32 @@ def db_url_of(kind: str, tmp_path: Path, prefix: str, filename: str = "oomguard.
     *tmp_path*; "postgresql", a fresh database on the shared server, named *prefix* + random."""
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / filename}"
-    return pg_or_skip().create_db(prefix + uuid.uuid4().hex[:12])
+    name = prefix + uuid.uuid4().hex[:12]
+    url = pg_or_skip().create_db(name)
+    _CREATED.append(name)
+    return url
+
+
+_CREATED: list[str] = []  # the databases db_url_of made on the shared server since release_databases
+
+
+def release_databases() -> None:
+    """Close the connections still open to the databases ``db_url_of`` made since the last call
+    (tests/conftest.py calls it at the end of each test module). A test's engines and stores are
+    dropped, not disposed, and a store's writer thread keeps its engine, with its pooled
+    connections, alive: a run of the manager's tests held 162 idle ones before
+    tests/test_manager_live.py, whose next tests met the server's max_connections (200: "sorry,
+    too many clients already")."""
+    if not _CREATED or _PG.proc is None or _PG.proc.poll() is not None:
+        _CREATED.clear()
+        return
+    import psycopg
+
+    names = list(_CREATED)
+    _CREATED.clear()
+    with psycopg.connect(f"host=127.0.0.1 port={_PG.port} user=postgres dbname=postgres", autocommit=True) as conn:
+        terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = ANY(%s)"
+        conn.execute(terminate, (names,))
 
 
 def migrated_db(kind: str, tmp_path: Path, prefix: str) -> str:
