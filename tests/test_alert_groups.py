@@ -172,6 +172,19 @@ def test_groups_and_alerts_column_agree_with_the_full_list(db_url: str, seed: in
     assert all(n > 5 for n in kinds.values()), kinds  # ... each more than a group lists
     for shown, show_all, start, page in [(5, "", 0, 500), (3, "offline", 0, 7), (5, "offline", 20, 7)]:
         assert store.alert_groups(shown, show_all, start, page) == reference(full, shown, show_all, start, page)
+    # the overview counts the cards, the kinds and the pager's total in one pass: the same numbers
+    cards = store.summary()
+    assert sum(cards[s] for s in ("online", "offline", "run_only", "refused", "archived")) > 0
+    shown_query = {"shown": 3, "show_all": "offline", "start": 0, "page": 7}
+    for status in (None, "online", "offline", "run-only", "refused", "archived", "bogus"):
+        for q, label in ((None, None), ("1", None)):
+            query: dict[str, Any] = {"status": status, "q": q, "limit": 7, "offset": 3, "sort": "risk", "label": label}
+            view = store.overview(query, shown_query)
+            assert view["summary"] == cards and view["kept"] is None
+            assert view["alerts"] == reference(full, 3, "offline", 0, 7)
+            alone = store.list_nodes(**query)
+            assert view["listing"] == alone, (status, q)
+            assert status in ("bogus", "run-only") or q or alone["total"] > 0, status  # each status is there
     for kind in KINDS:  # every kind, paged to its end and past it
         for start in (0, kinds[kind] - 2, kinds[kind] + 3):
             got = store.alert_groups(5, kind, max(0, start), 4)

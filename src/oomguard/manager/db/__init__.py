@@ -3,7 +3,15 @@ are in ``migrations/``). Reads and writes on it are the store's (``oomguard.mana
 
 from __future__ import annotations
 
-from oomguard.manager.db.engine import alembic_config, current_revision, make_engine, migrate, normalize_url
+from oomguard.manager.db.engine import (
+    FLEET_READ_SETTINGS,
+    alembic_config,
+    current_revision,
+    fleet_read,
+    make_engine,
+    migrate,
+    normalize_url,
+)
 from oomguard.manager.db.tables import (
     events,
     latest_reports,
@@ -16,9 +24,11 @@ from oomguard.manager.db.tables import (
 )
 
 __all__ = [
+    "FLEET_READ_SETTINGS",
     "alembic_config",
     "current_revision",
     "events",
+    "fleet_read",
     "latest_reports",
     "make_engine",
     "metadata",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import Engine
 
 
@@ -51,6 +51,30 @@ def make_engine(url: str, *, timeout_s: float = 5.0) -> Engine:
     return create_engine(
         url, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_timeout=timeout_s, connect_args=connect_args
     )
+
+
+# The planner settings of a read over the whole fleet on PostgreSQL, for its transaction alone
+# (``SET LOCAL``: https://www.postgresql.org/docs/current/sql-set.html). Such a read joins every
+# node to its exits of the last day (``alerts.recent_exits``), which the planner estimates from
+# the events' statistics; where those lag the table (never analyzed yet, an OOM storm newer than
+# the last ANALYZE) it estimated 1 row for 10,000 and chose a nested loop over them: 66 s for the
+# first page of 100,000 nodes where the hash join it chose with the setting below took 0.49 s
+# (BENCHMARKS.md). ``enable_nestloop = off`` "discourages the planner from using one if there are
+# other methods available" (https://www.postgresql.org/docs/current/runtime-config-query.html
+# #GUC-ENABLE-NESTLOOP); a single node's reads (its page, its history) keep it. JIT compilation
+# took 90-136 ms of each such statement, which runs in 0.1-0.5 s: "for short queries the added
+# overhead of performing JIT compilation will often be higher than the time it can save"
+# (https://www.postgresql.org/docs/current/jit-decision.html).
+FLEET_READ_SETTINGS = ("enable_nestloop = off", "jit = off")
+
+
+def fleet_read(conn: Connection) -> Connection:
+    """*conn*, its transaction begun with ``FLEET_READ_SETTINGS`` on PostgreSQL (SQLite has
+    neither setting: nothing to do)."""
+    if conn.dialect.name == "postgresql":
+        for setting in FLEET_READ_SETTINGS:
+            conn.execute(text(f"SET LOCAL {setting}"))
+    return conn
 
 
 def _reopen_read_only(context: Any) -> None:

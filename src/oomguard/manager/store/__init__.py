@@ -23,12 +23,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
 from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
+from oomguard.manager.db import fleet_read
 from oomguard.manager.retention import Retention
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import alerting, learned, profiles, queries
@@ -107,6 +109,12 @@ class Store:
         return self.retention.run(self.clock() if now is None else now)
 
     # -- reads ---------------------------------------------------------------------------------
+    @contextmanager
+    def _fleet(self) -> Iterator[Connection]:
+        """A connection for a read over the whole fleet: planned as ``db.fleet_read`` says."""
+        with self.engine.connect() as conn:
+            yield fleet_read(conn)
+
     def list_nodes(
         self,
         *,
@@ -120,7 +128,7 @@ class Store:
         """A page of node summaries: *status* one of ``alerts.STATUSES`` (None: every node not
         archived), *q* a part of the name, *label* a (key, value) the node's latest labels hold,
         *sort* a key of ``SORT_KEYS`` (``-`` for descending)."""
-        with self.engine.connect() as conn:
+        with self._fleet() as conn:
             query = {"status": status, "q": q, "limit": limit, "offset": offset, "sort": sort, "label": label}
             return self._listing(conn, self.clock(), **query)
 
@@ -169,13 +177,13 @@ class Store:
 
     def alerts(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Every open alert (at most *limit*), nodes by name: ``alerting.fleet_alerts``."""
-        with self.engine.connect() as conn:
+        with self._fleet() as conn:
             return alerting.fleet_alerts(conn, self.clock(), self.default_interval_ms, limit, self.line)
 
     def alert_groups(self, shown: int, show_all: str = "", start: int = 0, page: int = 500) -> dict[str, Any]:
         """The overview's alerts: the count of each kind and its first *shown* alerts (the kind
         *show_all*: *page* of them from *start*), ``alerting.alert_groups``."""
-        with self.engine.connect() as conn:
+        with self._fleet() as conn:
             query = {"shown": shown, "show_all": show_all, "start": start, "page": page}
             return self._alert_groups(conn, self.clock(), **query)
 
@@ -191,11 +199,13 @@ class Store:
 
         def compute() -> dict[str, Any]:
             now = self.clock()
-            with self.engine.connect() as conn:
+            with self._fleet() as conn:  # the cards, the alert counts and the pager's total: one pass
+                cards, counts = queries.overview_counts(conn, now, self.default_interval_ms, self.line)
+                total = queries.listed_total(cards, listing.get("status"), listing.get("q"), listing.get("label"))
                 return {
-                    "listing": self._listing(conn, now, **listing),
-                    "alerts": self._alert_groups(conn, now, **alerts),
-                    "summary": queries.summary(conn, now, self.default_interval_ms),
+                    "listing": self._listing(conn, now, **listing, total=total),
+                    "alerts": self._alert_groups(conn, now, **alerts, counts=counts),
+                    "summary": cards,
                 }
 
         value, kept = self.overview_kept.read(key, compute)
@@ -224,11 +234,11 @@ class Store:
             return learned.by_class(conn, self.clock())
 
     def summary(self) -> dict[str, int]:
-        with self.engine.connect() as conn:
+        with self._fleet() as conn:
             return queries.summary(conn, self.clock(), self.default_interval_ms)
 
     def metric_rows(self) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with self._fleet() as conn:
             return queries.metric_rows(conn, self.clock(), self.default_interval_ms, self.line)
 
 

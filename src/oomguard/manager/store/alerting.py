@@ -91,18 +91,21 @@ def alert_groups(
     start: int = 0,
     page: int = 500,
     line: float = DEFAULT_LINE,
+    counts: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The overview's alerts: ``{total, groups}``, each group ``{kind, severity, count, start,
     alerts}`` in ``group_order``; a group lists its first *shown* alerts (nodes by name, as
     ``fleet_alerts`` orders them), the kind *show_all* its *page* alerts from *start*.
 
-    The counts are one pass over the nodes (``kind_conditions``); then, per kind that has any,
+    The counts are one pass over the nodes (``kind_conditions``), or *counts* where the caller
+    counted them at the same *now* (``queries.overview_counts``); then, per kind that has any,
     the ids of the nodes listed (in the database's name order), and one read of those rows alone,
     worded by ``node_alerts``."""
     conds = kind_conditions(now, default_interval_ms, line)
     mine = nodes.c.archived_ms.is_(None)
-    counting = select(*(func.coalesce(func.sum(case((c, 1), else_=0)), 0) for c in conds.values())).where(mine)
-    counts = dict(zip(conds, map(int, conn.execute(counting).one()), strict=True))
+    if counts is None:
+        counting = select(*(func.coalesce(func.sum(case((c, 1), else_=0)), 0) for c in conds.values())).where(mine)
+        counts = dict(zip(conds, map(int, conn.execute(counting).one()), strict=True))
     listed: dict[str, list[int]] = {}
     for kind, cond in conds.items():
         if counts[kind]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, Float, and_, case, cast, func, select
 
 from oomguard.manager.alerts import (
+    ALERTS,
     DEFAULT_LINE,
     LIVE,
     alert_count,
@@ -130,8 +131,10 @@ def list_nodes(
     sort: str,
     label: tuple[str, str] | None = None,
     line: float = DEFAULT_LINE,
+    total: int | None = None,
 ) -> dict[str, Any]:
-    """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match.
+    """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match
+    (*total* where the caller has counted them at the same *now*: ``listed_total``).
 
     Two steps: the page's node ids, sorted over every node that matches (only the sort keys go
     through the sort), then the summaries of those ids alone."""
@@ -140,7 +143,8 @@ def list_nodes(
     page = select(nodes.c.id).select_from(joined).where(*conds)
     page = page.order_by(*_order(sort, {c.name: c for c in computed})).limit(limit).offset(offset)
     ids = [int(i) for i in conn.execute(page).scalars()]
-    total = int(conn.execute(select(func.count(nodes.c.id)).where(*conds)).scalar_one())
+    if total is None:
+        total = int(conn.execute(select(func.count(nodes.c.id)).where(*conds)).scalar_one())
     rows = {}
     if ids:
         joined, computed = _counted(now, interval_ms, ids, line)
@@ -307,29 +311,67 @@ def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
     pressure stops of the last day of the nodes not archived (each counted once).
 
     One pass over the nodes, grouped by status, with each node's recent exits joined."""
+    return _per_status(conn, now, interval_ms, None)[0]
+
+
+def overview_counts(
+    conn: Connection, now: int, interval_ms: int, line: float = DEFAULT_LINE
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The overview's counts in the same one pass as ``summary``: (its cards, the number of nodes
+    not archived that have each alert kind, ``alerts.ALERTS``' rules against the working-set *line*,
+    as ``alerting.alert_groups`` counts them)."""
+    return _per_status(conn, now, interval_ms, line)
+
+
+def _per_status(
+    conn: Connection, now: int, interval_ms: int, line: float | None
+) -> tuple[dict[str, int], dict[str, int]]:
+    """``summary``'s cards, and with a *line*, each alert kind's count (else no kinds).
+
+    The effective memory is summed in double precision: SQLite's ``sum()`` raises "integer
+    overflow" past 2**63 (https://sqlite.org/lang_aggfunc.html#sumunc), which a few nodes that
+    report limits near it reach; a double is exact while the total is below 2**53 bytes (8 PiB)
+    and rounds past it, where the card shows PiB anyway."""
     status = node_status(now, interval_ms)
     recent = recent_exits(now)
+    kinds = [] if line is None else ALERTS
+    seen = seen_joined(now, interval_ms, recent, DEFAULT_LINE if line is None else line)
     per_status = (
         select(
             status,
             func.count(nodes.c.id),
-            func.coalesce(func.sum(nodes.c.effective_bytes), 0),
+            func.coalesce(func.sum(cast(nodes.c.effective_bytes, Float)), 0),
             func.coalesce(func.sum(recent.c.oom_24h), 0),
             func.coalesce(func.sum(recent.c.stops_24h), 0),
+            *(func.sum(case((kind.sql(seen), 1), else_=0)) for kind in kinds),
         )
         .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
         .group_by(status)
     )
     out = {"online": 0, "offline": 0, "run_only": 0, "refused": 0, "archived": 0, "effective_bytes": 0}
     out["oom_kills_24h"] = out["pressure_stops_24h"] = 0
-    for st, count, total, ooms, stops in conn.execute(per_status).all():
+    alerting = {kind.name: 0 for kind in kinds}
+    for st, count, total, ooms, stops, *per_kind in conn.execute(per_status).all():
         out[str(st).replace("-", "_")] = int(count)
         if st == "online":
             out["effective_bytes"] = int(total)
         if st != "archived":
             out["oom_kills_24h"] += int(ooms)
             out["pressure_stops_24h"] += int(stops)
-    return out
+            for kind, n in zip(kinds, per_kind, strict=True):
+                alerting[kind.name] += int(n or 0)
+    return out, alerting
+
+
+def listed_total(cards: dict[str, int], status: str | None, q: str | None, label: Any) -> int | None:
+    """The node list's ``total`` read from ``summary``'s *cards* of the same moment: the nodes of
+    *status* (every status but archived when None); None when a name or label filter narrows it
+    (``list_nodes`` counts those itself)."""
+    if q or label is not None:
+        return None
+    if status:
+        return cards.get(status.replace("-", "_"), 0)
+    return sum(cards[s] for s in ("online", "offline", "run_only", "refused"))
 
 
 def _total(reason: str) -> Any:
