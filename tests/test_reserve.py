@@ -1,4 +1,7 @@
-"""MemoryBudget: semantics, fairness, timeouts, partial release, threads and asyncio together."""
+"""MemoryBudget: semantics, fairness, timeouts, partial release, threads and asyncio together;
+the bounded backfill (``backfill=K``: a later request that fits starts past a waiting one that
+does not, each waiting request overtaken at most K times; K=0 is first come, first served), with
+threads, with asyncio, and as a property over random sequences."""
 
 from __future__ import annotations
 
@@ -8,8 +11,11 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oomguard import MemoryBudget, Reservation, ReservationTooLarge
+from tests.helpers.fuzz import examples
 
 
 def wait_until(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -248,3 +254,117 @@ def test_from_system(tmp_path) -> None:  # type: ignore[no-untyped-def]
     b = MemoryBudget.from_system(root=str(make_tree(tmp_path)))
     assert b.total == 256 * 1024**2
     assert MemoryBudget.from_system(root=str(make_tree(tmp_path)), budget="100MiB").total == 100 * 1024**2
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_backfill_must_be_a_count(bad: object) -> None:
+    with pytest.raises(ValueError, match="backfill"):
+        MemoryBudget(100, backfill=bad)  # type: ignore[arg-type]
+
+
+def test_threads_a_blocked_head_is_overtaken_at_most_k_times() -> None:
+    b = MemoryBudget(100, backfill=2)
+    held = b.reserve(60)
+    head: list[Reservation] = []
+    t = threading.Thread(target=lambda: head.append(b.reserve(50)))
+    t.start()
+    wait_until(lambda: b.waiting == 1)
+    first = b.try_reserve(30)  # fits beside the 60: starts past the waiting 50
+    second = b.try_reserve(10)
+    assert first is not None and second is not None and b.used == 100
+    second.release()
+    assert b.try_reserve(5) is None  # 5 fit, but the head was overtaken twice: its turn
+    late: list[Reservation] = []
+    t2 = threading.Thread(target=lambda: late.append(b.reserve(5)))
+    t2.start()
+    wait_until(lambda: b.waiting == 2)
+    assert not late  # waits behind the head like FIFO
+    held.release()  # 30 + 50 fit: the head, then the 5 behind it
+    t.join(5)
+    t2.join(5)
+    assert head and late and b.used == 30 + 50 + 5 and b.waiting == 0
+
+
+def test_asyncio_the_same_order() -> None:
+    async def main() -> list[str]:
+        b = MemoryBudget(100, backfill=2)
+        held = await b.areserve(60)
+        order: list[str] = []
+
+        async def want(name: str, n: int) -> None:
+            await b.areserve(n)
+            order.append(name)
+
+        head = asyncio.ensure_future(want("head", 50))
+        await asyncio.sleep(0)
+        assert b.waiting == 1
+        await want("a", 30)
+        r = b.try_reserve(10)
+        assert r is not None
+        order.append("b")
+        r.release()
+        late = asyncio.ensure_future(want("late", 5))
+        await asyncio.sleep(0)
+        assert b.waiting == 2 and order == ["a", "b"]
+        held.release()
+        await asyncio.gather(head, late)
+        return order
+
+    assert asyncio.run(main()) == ["a", "b", "head", "late"]
+
+
+def test_fifo_is_the_default() -> None:
+    b = MemoryBudget(100)
+    held = b.reserve(60)
+    t = threading.Thread(target=lambda: b.reserve(50))
+    t.start()
+    wait_until(lambda: b.waiting == 1)
+    assert b.try_reserve(1) is None
+    held.release()
+    t.join(5)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    k=st.integers(0, 4),
+    ops=st.lists(st.one_of(st.integers(1, 100), st.just(-1), st.just(-2)), min_size=1, max_size=40),
+)
+def test_property_bounded_overtaking_no_lost_grants(k: int, ops: list[int]) -> None:
+    """Requests (a size) and releases (-1: the oldest held, -2: the newest) in any order, in one
+    event loop: never more than the total held; no request overtaken more than *k* times by later
+    ones (K=0: granted in request order); all granted once everything is released."""
+
+    async def main() -> None:
+        b = MemoryBudget(100, backfill=k)
+        made: list[int] = []  # request ids in the order made
+        granted: list[int] = []  # in the order granted
+        held: list[Reservation] = []
+        tasks = []
+
+        async def want(i: int, n: int) -> None:
+            r = await b.areserve(n)
+            granted.append(i)
+            held.append(r)
+
+        for op in ops:
+            if op > 0:
+                made.append(len(made))
+                tasks.append(asyncio.ensure_future(want(made[-1], op)))
+            elif held:
+                held.pop(0 if op == -1 else -1).release()
+            for _ in range(3):  # let the granted tasks run
+                await asyncio.sleep(0)
+            assert b.used <= b.total
+        while len(granted) < len(made):
+            assert held, "requests wait with nothing held: a lost grant"
+            held.pop(0).release()
+            for _ in range(3):
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        for i in made:
+            later_first = sum(1 for j in granted[: granted.index(i)] if j > i)
+            assert later_first <= k, (i, granted)
+        if k == 0:
+            assert granted == made
+
+    asyncio.run(main())

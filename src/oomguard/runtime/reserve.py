@@ -3,8 +3,14 @@
 Semantics:
 - ``reserve(n, timeout=None)`` blocks until *n* bytes fit, first come first served: a
   large waiting request is not overtaken by later small ones. ``TimeoutError`` on timeout.
+- ``backfill=K`` (default 0: first come, first served): a later request that fits may start
+  while earlier ones wait, as Slurm's backfill starts small jobs past a blocked head, but each
+  waiting request is overtaken at most K times; from then on it blocks those behind it as under
+  FIFO, so none starves. Requests carry no run time, so the bound is a count: a waiting request
+  is delayed by at most K later grants, each for as long as it is held.
 - ``await areserve(n, timeout=None)``: the same for asyncio; threads and tasks share one queue.
-- ``try_reserve(n)`` never waits, and returns None while earlier requests wait.
+- ``try_reserve(n)`` never waits, and returns None while earlier requests wait (with
+  ``backfill``: while one of them may be overtaken no more).
 - A request larger than the total raises ``ReservationTooLarge`` (a ValueError) at once.
 - ``evict(shortfall_bytes)``, when given, is called without the lock held before a request
   waits, so a cache can release reservations to make room (in ``areserve`` it may be async).
@@ -45,7 +51,7 @@ class ReservationTooLarge(ValueError):
 
 
 class _Waiter:
-    __slots__ = ("event", "future", "granted", "loop", "nbytes")
+    __slots__ = ("event", "future", "granted", "loop", "nbytes", "overtaken")
 
     def __init__(
         self,
@@ -59,6 +65,7 @@ class _Waiter:
         self.future = future
         self.loop = loop
         self.granted = False
+        self.overtaken = 0  # later requests granted while this one waited
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -98,6 +105,7 @@ class MemoryBudget:
     or a ``Watch`` (any sampler: a test's, a Root over a snapshot); the first sample is taken
     here. *on_over_budget*, with a watch only, is called with the working set when it passes
     *total_bytes*, once per crossing (from the sampler thread; from here if it already has).
+    *backfill*: how many later requests may be granted before a waiting one (module doc).
     """
 
     def __init__(
@@ -107,9 +115,13 @@ class MemoryBudget:
         *,
         watch: Watch | bool | None = None,
         on_over_budget: Callable[[int], Any] | None = None,
+        backfill: int = 0,
     ) -> None:
         if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes < 0:
             raise ValueError(f"total_bytes must be a non-negative int, got {total_bytes!r}")
+        if isinstance(backfill, bool) or not isinstance(backfill, int) or backfill < 0:
+            raise ValueError(f"backfill must be a non-negative int, got {backfill!r}")
+        self.backfill = backfill
         if on_over_budget is not None and not watch:
             raise ValueError("on_over_budget needs a watch (watch=True or a Watch)")
         self.total = total_bytes
@@ -137,6 +149,7 @@ class MemoryBudget:
         guard_margin: int | str | None = None,
         interval: float = DEFAULT_INTERVAL,
         on_over_budget: Callable[[int], Any] | None = None,
+        backfill: int = 0,
         **budget_options: Any,
     ) -> MemoryBudget:
         """A budget from the probe: ``budget``, ``margin``, ``root``, ``gpu`` as for ``oomguard.probe()``.
@@ -144,6 +157,7 @@ class MemoryBudget:
         *watch* True watches the memory cgroup the probe found (through the same root), with
         *guard_margin* (bytes or text: ``"64MiB"``, ``"2%"``; default max(64 MiB, 2% of the
         ceiling)) and a sample every *interval* seconds.
+        *backfill* as for ``MemoryBudget``.
         """
         from oomguard.policy.budget import probe
         from oomguard.sources.root import Root, open_root
@@ -155,7 +169,7 @@ class MemoryBudget:
         if total is None:
             raise BudgetUnknownError("MemoryBudget.from_system", "pass budget=SIZE")
         w = Watch.from_report(report, r, margin=guard_margin, interval=interval) if watch else None
-        return cls(total, evict=evict, watch=w, on_over_budget=on_over_budget)
+        return cls(total, evict=evict, watch=w, on_over_budget=on_over_budget, backfill=backfill)
 
     def close(self) -> None:
         """Stop watching: the sampler thread ends, and admission falls back to reserved bytes
@@ -270,14 +284,22 @@ class MemoryBudget:
         return excess is None or excess <= 0
 
     def _take_locked(self, nbytes: int) -> bool:
-        if not self._waiters and self._fits_locked(nbytes):
-            self._used += nbytes
-            self.peak_reserved = max(self.peak_reserved, self._used)
-            return True
-        return False
+        """Take *nbytes* for a new request if they fit and it may pass every waiting one."""
+        if not self._fits_locked(nbytes) or not self._may_pass(self._waiters):
+            return False
+        for ahead in self._waiters:
+            ahead.overtaken += 1
+        self._used += nbytes
+        self.peak_reserved = max(self.peak_reserved, self._used)
+        return True
+
+    def _may_pass(self, ahead: Any) -> bool:
+        """Whether a request may be granted before the waiting requests *ahead* of it."""
+        return all(w.overtaken < self.backfill for w in ahead)
 
     def try_reserve(self, nbytes: int) -> Reservation | None:
-        """A reservation if *nbytes* fit now and nobody is waiting; else None. Never waits."""
+        """A reservation if *nbytes* fit now and nobody is waiting (with *backfill*: nobody who
+        may be overtaken no more); else None. Never waits."""
         self._check(nbytes)
         with self._lock:
             if not self._take_locked(nbytes):
@@ -296,7 +318,8 @@ class MemoryBudget:
             return None if self._take_locked(nbytes) else self._shortfall(nbytes)
 
     def reserve(self, nbytes: int, timeout: float | None = None) -> Reservation:
-        """Wait until *nbytes* fit (first come, first served); TimeoutError after *timeout* seconds."""
+        """Wait until *nbytes* fit (first come, first served, or as *backfill* allows);
+        TimeoutError after *timeout* seconds."""
         short = self._take_or_shortfall(nbytes)
         if short is None:
             return Reservation(self, nbytes)
@@ -352,9 +375,18 @@ class MemoryBudget:
             return False
 
     def _grant_locked(self) -> None:
-        waiters = self._waiters
-        while waiters and self._fits_locked(waiters[0].nbytes):
-            w = waiters.popleft()
+        """Grant the waiting requests that fit, in order; with *backfill*, past those that do not
+        fit, while each of those may still be overtaken."""
+        ahead: list[_Waiter] = []  # looked at, still waiting
+        for w in list(self._waiters):
+            if not self._fits_locked(w.nbytes) or not self._may_pass(ahead):
+                ahead.append(w)
+                if not self._may_pass(ahead):  # nobody behind it may start first
+                    return
+                continue
+            for a in ahead:
+                a.overtaken += 1
+            self._waiters.remove(w)
             self._used += w.nbytes
             self.peak_reserved = max(self.peak_reserved, self._used)
             w.granted = True
