@@ -144,7 +144,7 @@ def release_databases() -> None:
 
     names = list(_CREATED)
     _CREATED.clear()
-    with psycopg.connect(f"host=127.0.0.1 port={_PG.port} user=postgres dbname=postgres", autocommit=True) as conn:
+    with psycopg.connect(_PG.url("postgres"), autocommit=True) as conn:
         terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = ANY(%s)"
         conn.execute(terminate, (names,))
 

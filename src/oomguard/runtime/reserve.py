@@ -40,7 +40,7 @@ from oomguard.runtime.watch import DEFAULT_INTERVAL, SamplerThread, Watch, sampl
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from types import TracebackType
 
 __all__ = ["MemoryBudget", "Reservation", "ReservationTooLarge"]
@@ -293,7 +293,7 @@ class MemoryBudget:
         self.peak_reserved = max(self.peak_reserved, self._used)
         return True
 
-    def _may_pass(self, ahead: Any) -> bool:
+    def _may_pass(self, ahead: Iterable[_Waiter]) -> bool:
         """Whether a request may be granted before the waiting requests *ahead* of it."""
         return all(w.overtaken < self.backfill for w in ahead)
 
@@ -379,10 +379,10 @@ class MemoryBudget:
         fit, while each of those may still be overtaken."""
         ahead: list[_Waiter] = []  # looked at, still waiting
         for w in list(self._waiters):
-            if not self._fits_locked(w.nbytes) or not self._may_pass(ahead):
+            if not self._may_pass(ahead):  # one of them may be overtaken no more: nobody behind it starts
+                return
+            if not self._fits_locked(w.nbytes):
                 ahead.append(w)
-                if not self._may_pass(ahead):  # nobody behind it may start first
-                    return
                 continue
             for a in ahead:
                 a.overtaken += 1

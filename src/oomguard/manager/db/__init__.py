@@ -4,7 +4,6 @@ are in ``migrations/``). Reads and writes on it are the store's (``oomguard.mana
 from __future__ import annotations
 
 from oomguard.manager.db.engine import (
-    FLEET_READ_SETTINGS,
     alembic_config,
     current_revision,
     fleet_read,
@@ -24,7 +23,6 @@ from oomguard.manager.db.tables import (
 )
 
 __all__ = [
-    "FLEET_READ_SETTINGS",
     "alembic_config",
     "current_revision",
     "events",

@@ -21,6 +21,7 @@ from oomguard.manager.alerts import (
     ALERTS,
     DEFAULT_LINE,
     LIVE,
+    STATUSES,
     alert_count,
     current_report,
     last_seen,
@@ -335,7 +336,8 @@ def _per_status(
     status = node_status(now, interval_ms)
     recent = recent_exits(now)
     kinds = [] if line is None else ALERTS
-    seen = seen_joined(now, interval_ms, recent, DEFAULT_LINE if line is None else line)
+    seen = None if line is None else seen_joined(now, interval_ms, recent, line)
+    flags = [] if seen is None else [kind.sql(seen) for kind in kinds]
     per_status = (
         select(
             status,
@@ -343,7 +345,7 @@ def _per_status(
             func.coalesce(func.sum(cast(nodes.c.effective_bytes, Float)), 0),
             func.coalesce(func.sum(recent.c.oom_24h), 0),
             func.coalesce(func.sum(recent.c.stops_24h), 0),
-            *(func.sum(case((kind.sql(seen), 1), else_=0)) for kind in kinds),
+            *(func.sum(case((flag, 1), else_=0)) for flag in flags),
         )
         .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
         .group_by(status)
@@ -371,7 +373,7 @@ def listed_total(cards: dict[str, int], status: str | None, q: str | None, label
         return None
     if status:
         return cards.get(status.replace("-", "_"), 0)
-    return sum(cards[s] for s in ("online", "offline", "run_only", "refused"))
+    return sum(cards[s.replace("-", "_")] for s in STATUSES if s != "archived")
 
 
 def _total(reason: str) -> Any:
