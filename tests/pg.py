@@ -145,8 +145,11 @@ class PostgresServer:
         return pids
 
     def stop(self) -> None:
+        """Fast shutdown (SIGINT: sessions ended, a clean checkpoint), not the smart one of SIGTERM,
+        which waits for every client to leave (https://www.postgresql.org/docs/15/server-shutdown.html):
+        a kept cluster (``keep``) killed after that wait started its next run with crash recovery."""
         if self.proc is not None:
-            self.proc.terminate()
+            self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ PostgreSQL, for fleets built around the boundaries where SQL and Python could di
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -28,9 +29,10 @@ from sqlalchemy import insert
 from oomguard.manager import alerts
 from oomguard.manager.alerts import HOUR_MS, KINDS
 from oomguard.manager.app import create_app
-from oomguard.manager.db import events, make_engine, nodes
+from oomguard.manager.db import events, make_engine, node_labels, nodes
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
+from oomguard.manager.store.queries import SORT_KEYS
 from oomguard.manager.web.formatting import ALERTS_PAGE
 from tests.manager_helpers import AGENT, VIEWER, VIEWER_H, local_client, migrated_db
 
@@ -96,7 +98,8 @@ def build_fleet(url: str, seed: int) -> None:
     """Nodes with the budget rows above, random statuses, warnings, working sets, refusals and
     recent exits (by *seed*)."""
     rnd = random.Random(seed)
-    node_rows, event_rows = [], []
+    more = random.Random(-seed)  # the runtimes and labels: drawn apart, the rest stays as it was
+    node_rows, event_rows, label_rows = [], [], []
     for i, (eff, host, budget) in enumerate(budget_rows()):
         name = rnd.choice(["n", "N", "a", "Z", "m_", "m-", "m.", "0"]) + f"{i:04d}-{rnd.randrange(10**6)}"
         reported = rnd.random() > 0.1
@@ -120,8 +123,11 @@ def build_fleet(url: str, seed: int) -> None:
                 "refused_step": "plan" if refused else None,
                 "refused_exit_code": 3 if refused else None,
                 "refused_message": "plan: 0 jobs of 24 GiB fit the 16 GiB budget" if refused else None,
+                "runtime": more.choice([None, "docker", "kubernetes", "podman"]),
             }
         )
+        if more.random() < 0.6:
+            label_rows.append({"node_id": i + 1, "key": "pool", "value": more.choice(["a", "b"])})
         for k in range(rnd.choice([0, 0, 1, 2])):
             reason = rnd.choice(["oom-kill", "pressure-stop"])
             event_rows.append(
@@ -139,6 +145,7 @@ def build_fleet(url: str, seed: int) -> None:
         conn.execute(insert(nodes), node_rows)
         if event_rows:
             conn.execute(insert(events), event_rows)
+        conn.execute(insert(node_labels), label_rows)
     engine.dispose()
 
 
@@ -176,15 +183,20 @@ def test_groups_and_alerts_column_agree_with_the_full_list(db_url: str, seed: in
     cards = store.summary()
     assert sum(cards[s] for s in ("online", "offline", "run_only", "refused", "archived")) > 0
     shown_query = {"shown": 3, "show_all": "offline", "start": 0, "page": 7}
+    filters = ((None, None), ("1", None), (None, ("pool", "a")), ("2", ("pool", "b")), (None, ("pool", "c")))
     for status in (None, "online", "offline", "run-only", "refused", "archived", "bogus"):
-        for q, label in ((None, None), ("1", None)):
-            query: dict[str, Any] = {"status": status, "q": q, "limit": 7, "offset": 3, "sort": "risk", "label": label}
+        for (q, label), sort in itertools.product(filters, ("risk", "-risk", "name", "-oom_kills_24h")):
+            query: dict[str, Any] = {"status": status, "q": q, "limit": 7, "offset": 3, "sort": sort, "label": label}
             view = store.overview(query, shown_query)
             assert view["summary"] == cards and view["kept"] is None
             assert view["alerts"] == reference(full, 3, "offline", 0, 7)
             alone = store.list_nodes(**query)
-            assert view["listing"] == alone, (status, q)
-            assert status in ("bogus", "run-only") or q or alone["total"] > 0, status  # each status is there
+            assert view["listing"] == alone, (status, q, label, sort)
+            assert status in ("bogus", "run-only") or q or label or alone["total"] > 0, status  # each status is there
+    for sort in SORT_KEYS:  # every sort, both ways, from the overview's pass as from the list's
+        for key in (sort, f"-{sort}"):
+            query = {"status": None, "q": None, "limit": 9, "offset": 4, "sort": key, "label": None}
+            assert store.overview(query, shown_query)["listing"] == store.list_nodes(**query), key
     for kind in KINDS:  # every kind, paged to its end and past it
         for start in (0, kinds[kind] - 2, kinds[kind] + 3):
             got = store.alert_groups(5, kind, max(0, start), 4)

@@ -402,10 +402,17 @@ def any_alert(seen: Seen) -> Any:
     return or_(*(kind.sql(seen) for kind in ALERTS))
 
 
-def alert_count(seen: Seen) -> Any:
-    """SQL: how many alerts ``node_alerts`` gives the node (0 when archived)."""
-    total = functools.reduce(operator.add, (case((kind.sql(seen), 1), else_=0) for kind in ALERTS))
-    return case((nodes.c.archived_ms.is_not(None), 0), else_=total)
+def kind_flags(seen: Seen) -> list[Any]:
+    """SQL: per kind of ``ALERTS``, in order, 1 when the node has it, else 0."""
+    return [case((kind.sql(seen), 1), else_=0) for kind in ALERTS]
+
+
+def alert_count(seen: Seen, flags: list[Any] | None = None, archived: Any = nodes.c.archived_ms) -> Any:
+    """SQL: how many alerts ``node_alerts`` gives the node (0 when *archived* is set): the sum of
+    its ``kind_flags``, or of *flags* where a query has them as columns already (each rule
+    evaluated once)."""
+    total = functools.reduce(operator.add, kind_flags(seen) if flags is None else flags)
+    return case((archived.is_not(None), 0), else_=total)
 
 
 def node_alerts(
@@ -440,6 +447,7 @@ __all__ = [
     "any_alert",
     "current_report",
     "kind_conditions",
+    "kind_flags",
     "last_seen",
     "memlock_sql",
     "node_alerts",

@@ -199,11 +199,10 @@ class Store:
 
         def compute() -> dict[str, Any]:
             now = self.clock()
-            with self._fleet() as conn:  # the cards, the alert counts and the pager's total: one pass
-                cards, counts = queries.overview_counts(conn, now, self.default_interval_ms, self.line)
-                total = queries.listed_total(cards, listing.get("status"), listing.get("q"), listing.get("label"))
+            with self._fleet() as conn:  # the cards, the alert counts and the page's ids: one pass
+                cards, counts, nodes = queries.overview(conn, now, self.default_interval_ms, self.line, **listing)
                 return {
-                    "listing": self._listing(conn, now, **listing, total=total),
+                    "listing": nodes,
                     "alerts": self._alert_groups(conn, now, **alerts, counts=counts),
                     "summary": cards,
                 }

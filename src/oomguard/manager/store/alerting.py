@@ -98,7 +98,7 @@ def alert_groups(
     ``fleet_alerts`` orders them), the kind *show_all* its *page* alerts from *start*.
 
     The counts are one pass over the nodes (``kind_conditions``), or *counts* where the caller
-    counted them at the same *now* (``queries.overview_counts``); then, per kind that has any,
+    counted them at the same *now* (``queries.overview``); then, per kind that has any,
     the ids of the nodes listed (in the database's name order), and one read of those rows alone,
     worded by ``node_alerts``."""
     conds = kind_conditions(now, default_interval_ms, line)

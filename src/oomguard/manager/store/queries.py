@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Float, and_, case, cast, func, select
+from sqlalchemy import BigInteger, Connection, Float, String, and_, case, cast, func, literal, null, select, union_all
 
 from oomguard.manager.alerts import (
     ALERTS,
@@ -24,6 +24,7 @@ from oomguard.manager.alerts import (
     STATUSES,
     alert_count,
     current_report,
+    kind_flags,
     last_seen,
     node_alerts,
     node_status,
@@ -57,18 +58,31 @@ DEFAULT_SORT = "risk"  # the API's and the dashboard's: who is about to OOM firs
 HISTORY_COLUMNS = history.COLUMNS
 
 
-def _filters(status: Any, state: str | None, q: str | None, label: tuple[str, str] | None = None) -> list[Any]:
-    """The list's conditions: the status asked for, else every node not archived; the name filter;
-    the label filter (*label*: key and value, through ``node_labels``' index)."""
-    conds = [status == state] if state else [nodes.c.archived_ms.is_(None)]
+def _filters(cols: Any, state: str | None, q: str | None, label: tuple[str, str] | None = None) -> list[Any]:
+    """The list's conditions on *cols* (``status``, ``archived_ms``, ``name``, ``id``: the nodes'
+    own, or the overview's pass over them): the status asked for, else every node not archived;
+    the name filter; the label filter (*label*: key and value, through ``node_labels``' index)."""
+    conds = [cols["status"] == state] if state else [cols["archived_ms"].is_(None)]
     if q:
         escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        conds.append(nodes.c.name.like(f"%{escaped}%", escape="\\"))
+        conds.append(cols["name"].like(f"%{escaped}%", escape="\\"))
     if label is not None:
         key, value = label
         labelled = select(node_labels.c.node_id).where(node_labels.c.key == key, node_labels.c.value == value)
-        conds.append(nodes.c.id.in_(labelled))
+        conds.append(cols["id"].in_(labelled))
     return conds
+
+
+def _node_columns(now: int, interval_ms: int, computed: list[Any], sort: str) -> dict[str, Any]:
+    """The columns ``_filters`` and ``_order`` read, on the nodes themselves: *computed*
+    (``_counted``'s), the ratio, and *sort*'s column."""
+    cols = {c.name: c for c in computed}
+    cols |= {"archived_ms": nodes.c.archived_ms, "name": nodes.c.name, "id": nodes.c.id}
+    cols["ratio"] = _working_set_ratio(cols["current"])
+    key = sort.lstrip("-")
+    if key not in {"risk", "working_set_pct", *cols}:
+        cols[key] = last_seen() if key == "last_seen" else nodes.c[key]
+    return {**cols, "status": node_status(now, interval_ms)}
 
 
 def _counted(
@@ -94,8 +108,10 @@ def _working_set_ratio(current: Any) -> Any:
     return case((current, working_set_ratio_sql()), else_=None)
 
 
-def _order(sort: str, computed: dict[str, Any]) -> list[Any]:
-    """ORDER BY for *sort* (a key of SORT_KEYS, ``-`` for descending), then by name.
+def _order(sort: str, cols: Any) -> list[Any]:
+    """ORDER BY for *sort* (a key of SORT_KEYS, ``-`` for descending), then by name, on *cols*
+    (``_node_columns``, or the overview's pass: ``status``, ``ratio``, ``alerts``, ``oom_kills_24h``,
+    ``name`` and *sort*'s key).
 
     ``risk``: the live danger first. The live nodes (online, run-only, refused: ``alerts.LIVE``)
     before the others (offline, archived); within each, working set over limit (unknown or not
@@ -105,19 +121,17 @@ def _order(sort: str, computed: dict[str, Any]) -> list[Any]:
     LAST`` (PostgreSQL, and SQLite since 3.30.0: https://sqlite.org/lang_select.html#nullslast),
     not by a second key."""
     key, desc = sort.lstrip("-"), sort.startswith("-")
-    ratio = _working_set_ratio(computed["current"])
+    ratio, name = cols["ratio"], cols["name"]
     if key == "risk":
-        gone = case((computed["status"].in_(LIVE), 0), else_=1)
+        gone = case((cols["status"].in_(LIVE), 0), else_=1)
         if desc:  # reversed: the least risky first, unknown working set first
-            keys = [gone.desc(), ratio.asc().nulls_first(), computed["alerts"].asc(), computed["oom_kills_24h"].asc()]
+            keys = [gone.desc(), ratio.asc().nulls_first(), cols["alerts"].asc(), cols["oom_kills_24h"].asc()]
         else:
-            keys = [gone.asc(), ratio.desc().nulls_last(), computed["alerts"].desc(), computed["oom_kills_24h"].desc()]
-        return [*keys, nodes.c.name.asc()]
+            keys = [gone.asc(), ratio.desc().nulls_last(), cols["alerts"].desc(), cols["oom_kills_24h"].desc()]
+        return [*keys, name.asc()]
     if key == "working_set_pct":
-        return [(ratio.desc() if desc else ratio.asc()).nulls_last(), nodes.c.name.asc()]
-    special = {**computed, "last_seen": last_seen()}
-    column = special[key] if key in special else nodes.c[key]
-    return [column.desc() if desc else column.asc(), nodes.c.name.asc()]
+        return [(ratio.desc() if desc else ratio.asc()).nulls_last(), name.asc()]
+    return [cols[key].desc() if desc else cols[key].asc(), name.asc()]
 
 
 def list_nodes(
@@ -133,17 +147,20 @@ def list_nodes(
     label: tuple[str, str] | None = None,
     line: float = DEFAULT_LINE,
     total: int | None = None,
+    ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match
-    (*total* where the caller has counted them at the same *now*: ``listed_total``).
+    (*total* and the page's *ids* where the caller has read them at the same *now*: ``overview``).
 
     Two steps: the page's node ids, sorted over every node that matches (only the sort keys go
     through the sort), then the summaries of those ids alone."""
     joined, computed = _counted(now, interval_ms, line=line)
-    conds = _filters(node_status(now, interval_ms), status, q, label)
-    page = select(nodes.c.id).select_from(joined).where(*conds)
-    page = page.order_by(*_order(sort, {c.name: c for c in computed})).limit(limit).offset(offset)
-    ids = [int(i) for i in conn.execute(page).scalars()]
+    cols = _node_columns(now, interval_ms, computed, sort)
+    conds = _filters(cols, status, q, label)
+    if ids is None:
+        page = select(nodes.c.id).select_from(joined).where(*conds)
+        page = page.order_by(*_order(sort, cols)).limit(limit).offset(offset)
+        ids = [int(i) for i in conn.execute(page).scalars()]
     if total is None:
         total = int(conn.execute(select(func.count(nodes.c.id)).where(*conds)).scalar_one())
     rows = {}
@@ -312,63 +329,139 @@ def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
     pressure stops of the last day of the nodes not archived (each counted once).
 
     One pass over the nodes, grouped by status, with each node's recent exits joined."""
-    return _per_status(conn, now, interval_ms, None)[0]
+    status = node_status(now, interval_ms)
+    recent = recent_exits(now)
+    per_status = (
+        select(
+            status.label("status"),
+            func.count(nodes.c.id).label("n"),
+            func.sum(cast(nodes.c.effective_bytes, Float)).label("effective"),
+            func.sum(recent.c.oom_24h).label("oom"),
+            func.sum(recent.c.stops_24h).label("stops"),
+        )
+        .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
+        .group_by(status)
+    )
+    return _cards(conn.execute(per_status).mappings().all())
 
 
-def overview_counts(
-    conn: Connection, now: int, interval_ms: int, line: float = DEFAULT_LINE
-) -> tuple[dict[str, int], dict[str, int]]:
-    """The overview's counts in the same one pass as ``summary``: (its cards, the number of nodes
-    not archived that have each alert kind, ``alerts.ALERTS``' rules against the working-set *line*,
-    as ``alerting.alert_groups`` counts them)."""
-    return _per_status(conn, now, interval_ms, line)
-
-
-def _per_status(
-    conn: Connection, now: int, interval_ms: int, line: float | None
-) -> tuple[dict[str, int], dict[str, int]]:
-    """``summary``'s cards, and with a *line*, each alert kind's count (else no kinds).
+def _cards(rows: Any) -> dict[str, int]:
+    """``summary``'s cards from its rows per status (``status``, ``n``, ``effective``, ``oom``,
+    ``stops``).
 
     The effective memory is summed in double precision: SQLite's ``sum()`` raises "integer
     overflow" past 2**63 (https://sqlite.org/lang_aggfunc.html#sumunc), which a few nodes that
     report limits near it reach; a double is exact while the total is below 2**53 bytes (8 PiB)
     and rounds past it, where the card shows PiB anyway."""
-    status = node_status(now, interval_ms)
-    recent = recent_exits(now)
-    kinds = [] if line is None else ALERTS
-    seen = None if line is None else seen_joined(now, interval_ms, recent, line)
-    flags = [] if seen is None else [kind.sql(seen) for kind in kinds]
-    per_status = (
-        select(
-            status,
-            func.count(nodes.c.id),
-            func.coalesce(func.sum(cast(nodes.c.effective_bytes, Float)), 0),
-            func.coalesce(func.sum(recent.c.oom_24h), 0),
-            func.coalesce(func.sum(recent.c.stops_24h), 0),
-            *(func.sum(case((flag, 1), else_=0)) for flag in flags),
-        )
-        .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
-        .group_by(status)
-    )
     out = {"online": 0, "offline": 0, "run_only": 0, "refused": 0, "archived": 0, "effective_bytes": 0}
     out["oom_kills_24h"] = out["pressure_stops_24h"] = 0
-    alerting = {kind.name: 0 for kind in kinds}
-    for st, count, total, ooms, stops, *per_kind in conn.execute(per_status).all():
-        out[str(st).replace("-", "_")] = int(count)
-        if st == "online":
-            out["effective_bytes"] = int(total)
-        if st != "archived":
-            out["oom_kills_24h"] += int(ooms)
-            out["pressure_stops_24h"] += int(stops)
-            for kind, n in zip(kinds, per_kind, strict=True):
-                alerting[kind.name] += int(n or 0)
-    return out, alerting
+    for r in rows:
+        out[str(r["status"]).replace("-", "_")] = int(r["n"])
+        if r["status"] == "online":
+            out["effective_bytes"] = int(r["effective"] or 0)
+        if r["status"] != "archived":
+            out["oom_kills_24h"] += int(r["oom"] or 0)
+            out["pressure_stops_24h"] += int(r["stops"] or 0)
+    return out
+
+
+def overview(
+    conn: Connection,
+    now: int,
+    interval_ms: int,
+    line: float,
+    *,
+    status: str | None,
+    q: str | None,
+    limit: int,
+    offset: int,
+    sort: str,
+    label: tuple[str, str] | None = None,
+) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
+    """The overview's fleet-wide reads, one statement: (``summary``'s cards, the number of nodes
+    not archived that have each alert kind (``alerts.ALERTS``' rules against the working-set
+    *line*, as ``alerting.alert_groups`` counts them), ``list_nodes``' page of the keywords).
+
+    The nodes, their recent exits joined and every alert rule evaluated, are one pass kept for the
+    statement (a common table expression, ``MATERIALIZED`` on PostgreSQL:
+    https://www.postgresql.org/docs/current/queries-with.html#QUERIES-WITH-CTE-MATERIALIZATION;
+    SQLite keeps one that is read more than once: https://sqlite.org/lang_with.html#materialization_hints),
+    read twice: grouped by status for the cards and kinds, and sorted for the page's ids (and
+    counted for its total where a name or label filter narrows it). Two statements each joined
+    every node to its exits again: at 100,000 nodes on PostgreSQL that was 188 ms of which the
+    second pass took 81 (BENCHMARKS.md)."""
+    recent = recent_exits(now)
+    seen = seen_joined(now, interval_ms, recent, line)
+    columns = [
+        nodes.c.id,
+        nodes.c.name,
+        nodes.c.archived_ms,
+        seen.status.label("status"),
+        cast(nodes.c.effective_bytes, Float).label("effective"),
+        _working_set_ratio(seen.current).label("ratio"),
+        func.coalesce(recent.c.oom_24h, 0).label("oom_kills_24h"),
+        func.coalesce(recent.c.stops_24h, 0).label("pressure_stops_24h"),
+        *(flag.label(f"kind_{i}") for i, flag in enumerate(kind_flags(seen))),
+    ]
+    key = sort.lstrip("-")
+    if key not in {"risk", "working_set_pct", "alerts", *(c.name for c in columns)}:  # a column of the node's own
+        columns.append((last_seen() if key == "last_seen" else nodes.c[key]).label(key))
+    joined = nodes.outerjoin(recent, recent.c.node_id == nodes.c.id)
+    fleet = select(*columns).select_from(joined).cte("fleet").prefix_with("MATERIALIZED", dialect="postgresql")
+    kinds = [fleet.c[f"kind_{i}"] for i in range(len(ALERTS))]
+    alerts = alert_count(seen, kinds, fleet.c.archived_ms)  # of the kinds the pass evaluated, each rule once
+    listed = select(fleet, alerts.label("alerts")).subquery("listed")
+
+    def part(name: str, *, status: Any = None, n: Any = None, sums: Any = None, node: Any = None) -> list[Any]:
+        """One part's columns, the others NULL (typed: a UNION's columns agree in type)."""
+        nothing = cast(null(), BigInteger)
+        columns = [literal(name).label("part"), cast(null(), String) if status is None else status]
+        columns += [nothing if n is None else n, cast(null(), Float) if sums is None else sums[0]]
+        columns += [cast(x, BigInteger) for x in sums[1:]] if sums else [nothing] * (2 + len(kinds))
+        return columns + (node if node else [nothing, nothing])
+
+    sums = [func.sum(fleet.c.effective), func.sum(fleet.c.oom_kills_24h), func.sum(fleet.c.pressure_stops_24h)]
+    sums += [func.sum(k) for k in kinds]
+    counted = select(*part("cards", status=fleet.c.status, n=func.count(), sums=sums)).group_by(fleet.c.status)
+    conds = _filters(listed.c, status, q, label)
+    page = select(listed).where(*conds).order_by(*_order(sort, listed.c)).limit(limit).offset(offset).subquery("page")
+    ranked = [page.c.id, func.row_number().over(order_by=_order(sort, page.c))]
+    parts = [counted, select(*part("page", node=ranked))]
+    if q or label is not None:
+        parts.append(select(*part("total", n=func.count())).select_from(listed).where(*conds))
+    names = ["part", "status", "n", "effective", "oom", "stops", *(f"kind_{i}" for i in range(len(kinds))), "id", "pos"]
+    rows = [dict(zip(names, r, strict=True)) for r in conn.execute(union_all(*parts)).all()]
+    per_status = [r for r in rows if r["part"] == "cards"]
+    cards = _cards(per_status)
+    alerting = {kind.name: 0 for kind in ALERTS}
+    for r in (r for r in per_status if r["status"] != "archived"):
+        for i, kind in enumerate(ALERTS):
+            alerting[kind.name] += int(r[f"kind_{i}"] or 0)
+    ids = [int(r["id"]) for r in sorted((r for r in rows if r["part"] == "page"), key=lambda r: r["pos"])]
+    total = listed_total(cards, status, q, label)
+    if total is None:
+        total = next(int(r["n"]) for r in rows if r["part"] == "total")
+    listing = list_nodes(
+        conn,
+        now,
+        interval_ms,
+        status=status,
+        q=q,
+        limit=limit,
+        offset=offset,
+        sort=sort,
+        label=label,
+        line=line,
+        total=total,
+        ids=ids,
+    )
+    return cards, alerting, listing
 
 
 def listed_total(cards: dict[str, int], status: str | None, q: str | None, label: Any) -> int | None:
     """The node list's ``total`` read from ``summary``'s *cards* of the same moment: the nodes of
     *status* (every status but archived when None); None when a name or label filter narrows it
-    (``list_nodes`` counts those itself)."""
+    (``overview`` counts those in its pass)."""
     if q or label is not None:
         return None
     if status:
