@@ -1,0 +1,102 @@
+"""bench/guard.py's packing side: the bounds it measures against (the FIFO floor, the reordering
+oracle, the area bound) and its coordinator's admission order (FIFO, and MemoryBudget's backfill),
+on a real process tree (no cgroup needed: the static budget)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.conftest import REPO
+
+MiB = 1 << 20
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_guard", REPO / "bench" / "guard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+guard = _bench()
+
+
+def job(i: int, real: int, seconds: float) -> dict[str, Any]:
+    """A job of *real* bytes that lives *seconds* (its ramp plus the bench's hold)."""
+    return {"id": i, "declared": real, "real": real, "ramp": seconds - guard.HOLD}
+
+
+def test_a_blocked_head_costs_the_in_order_schedule_what_reordering_saves() -> None:
+    # 100 bytes of room: A (60, 2 s) runs; B (60) cannot start beside it. In order, C and D
+    # wait behind B; reordering starts C beside A at once and D when C ends.
+    jobs = [job(0, 60, 2.0), job(1, 60, 1.0), job(2, 40, 1.0), job(3, 40, 1.0)]
+    assert guard.greedy(jobs, 100, skip=False) == pytest.approx(4.0)  # A 0-2, B and C 2-3, D 3-4
+    assert guard.greedy(jobs, 100, skip=True) == pytest.approx(3.0)  # A and C 0, D 1, B 2-3
+    assert guard.fifo_floor(jobs, 100) == pytest.approx(4.0)
+    best, _ = guard.oracle(jobs, 100)
+    assert best == pytest.approx(3.0)
+
+
+def test_a_job_that_never_fits_is_an_error_not_a_hang() -> None:
+    with pytest.raises(ValueError, match="never fits"):
+        guard.greedy([job(0, 200, 1.0)], 100, skip=True)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 100), st.floats(1.0, 3.0, allow_nan=False)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_the_bounds_are_in_order(spec: list[tuple[int, float]]) -> None:
+    """area bound <= oracle <= FIFO floor <= the jobs one after another."""
+    jobs = [job(i, real, seconds) for i, (real, seconds) in enumerate(spec)]
+    limit = 100 * 100 // 98 + 1  # the bench's line is limit - 2 %: about 100 bytes
+    b = guard.bounds(jobs, limit, {"--guard-margin": "2%"})
+    assert b["area"] <= b["oracle"] + 1e-9
+    assert b["oracle"] <= b["fifo"] + 1e-9
+    assert b["fifo"] <= sum(seconds for _, seconds in spec) + 1e-9
+    assert b["oracle_slack"] < 1
+
+
+def coordinate(tmp_path: Path, jobs: list[dict[str, Any]], budget: int, backfill: int) -> dict[str, Any]:
+    """The bench's coordinator (``--inner``) on *jobs* with a static budget, outside any cgroup."""
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    progress = tmp_path / f"progress-{backfill}"
+    args = ["--admit", "static", "--budget", str(budget), "--jobs", str(tmp_path / "jobs.json")]
+    args += ["--progress", str(progress), "--backfill", str(backfill)]
+    env = {"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "guard.py"), "--inner", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    counts: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    assert sorted(progress.read_text().split()) == sorted(str(j["id"]) for j in jobs)
+    return counts
+
+
+@pytest.mark.slow
+def test_the_coordinator_asks_in_order_and_backfill_starts_past_a_blocked_head(tmp_path: Path) -> None:
+    # Declared 60, 60, 30, 30 MiB of a 100 MiB budget; each job really holds 8 MiB for about 1 s.
+    # In order, the second 60 blocks both 30s; with backfill the first 30 starts beside the first 60.
+    jobs = [{"id": i, "declared": d * MiB, "real": 8 * MiB, "ramp": 0.0} for i, d in enumerate((60, 60, 30, 30))]
+    fifo = coordinate(tmp_path, jobs, 100 * MiB, 0)
+    assert fifo["completed"] == 4 and fifo["killed"] == 0 and fifo["out_of_order"] == 0
+    passed = coordinate(tmp_path, jobs, 100 * MiB, 8)
+    assert passed["completed"] == 4 and passed["killed"] == 0 and passed["out_of_order"] >= 1
