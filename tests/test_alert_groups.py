@@ -169,6 +169,7 @@ def reference(alerts: list[dict[str, Any]], shown: int, show_all: str, start: in
     return {"total": len(alerts), "groups": groups}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "line"), [(1, LINES[0]), (2, LINES[1])])
 def test_groups_and_alerts_column_agree_with_the_full_list(db_url: str, seed: int, line: float) -> None:
     build_fleet(db_url, seed)

@@ -80,6 +80,13 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
     )
     flags.option(
         group,
+        "--grace-bytes",
+        "room kept under the stop line for the worker's graceful stop: the guard stops it this much "
+        "earlier (default 0; the exit event says how much it grew after SIGTERM)",
+        "SIZE",
+    )
+    flags.option(
+        group,
         "--on-pressure",
         "signal sent to the worker when its working set reaches the budget (default none; e.g. SIGUSR1)",
         "SIGNAL",
@@ -137,9 +144,9 @@ def _guard(args: argparse.Namespace) -> GuardSettings | None:
     from oomguard.supervisor.config import settings_from
 
     if not args.guard:
-        flags.needs(args, "--guard", ("--guard-margin", "--on-pressure"))
+        flags.needs(args, "--guard", ("--guard-margin", "--on-pressure", "--grace-bytes"))
         return None
-    return settings_from(args.guard_margin, args.on_pressure)
+    return settings_from(args.guard_margin, args.on_pressure, args.grace_bytes)
 
 
 def execute(args: argparse.Namespace) -> int:

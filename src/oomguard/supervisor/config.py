@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 from oomguard.errors import UsageError
 from oomguard.policy.plan import Shape
 from oomguard.supervisor.restart import RestartPolicy
-from oomguard.units import GiB, format_size_exact, parse_size_or_percent
+from oomguard.units import GiB, format_size_exact, parse_size, parse_size_or_percent
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -139,7 +139,8 @@ STALL_LIMIT = 10.0
 class GuardSettings(NamedTuple):
     """``--guard-margin`` as (bytes, None), (None, percent) or (None, None) for the default; the
     ``--on-pressure`` signal (None: none); how often to sample, and how often near the ceiling;
-    the stall time that stops; whether to ask the kernel for wake-ups (supervisor/alarm.py)."""
+    the stall time that stops; whether to ask the kernel for wake-ups (supervisor/alarm.py);
+    ``--grace-bytes``, the room kept under the stop line for the worker's graceful stop."""
 
     margin: tuple[int | None, float | None] = (None, None)
     on_pressure: int | None = None
@@ -147,6 +148,7 @@ class GuardSettings(NamedTuple):
     stall_limit: float = STALL_LIMIT
     fast_interval: float = FAST_INTERVAL
     kernel_alarm: bool = True
+    grace: int = 0
 
 
 def parse_signal(text: str, flag: str = "--on-pressure") -> int | None:
@@ -163,10 +165,11 @@ def parse_signal(text: str, flag: str = "--on-pressure") -> int | None:
     raise UsageError(f"{flag}: expected a signal (SIGUSR1, USR1, 10) or none, got {text!r}")
 
 
-def settings_from(margin: str | None, on_pressure: str | None) -> GuardSettings:
+def settings_from(margin: str | None, on_pressure: str | None, grace: str | None = None) -> GuardSettings:
     """The guard's settings from the flags' text; ``UsageError`` naming the flag."""
     spec = parse_size_or_percent(margin, "--guard-margin") if margin is not None else (None, None)
-    return GuardSettings(spec, parse_signal(on_pressure) if on_pressure is not None else None)
+    room = 0 if grace is None else parse_size(grace, "--grace-bytes")
+    return GuardSettings(spec, parse_signal(on_pressure) if on_pressure is not None else None, grace=room)
 
 
 class RunConfig:

@@ -7,7 +7,8 @@ Every event has the same keys (null where they do not apply)::
      "reason": "oom-kill"|"pressure-stop"|"signal"|"exit"|"clean", "exit_code", "signal",
      "oom_kills", "oom_victim": "worker"|"descendant"|"group",
      "duration_s", "delay_s", "peak_bytes", "peak_source", "outside_bytes",
-     "guard_margin_bytes", "working_set_peak_bytes", "warnings", "message", "learned"}
+     "guard_margin_bytes", "working_set_peak_bytes", "grace_bytes", "stop_working_set_bytes",
+     "grown_after_stop_bytes", "stop_finished", "warnings", "message", "learned"}
 
 ``effective_bytes`` and ``limited_by`` are the hard ceiling the budget was computed from and
 where it came from (the report's ``memory`` section), so a limit change shows as such;
@@ -18,7 +19,12 @@ the budget and the limit; after an OOM kill, that the kernel's OOM killer acted 
 after an OOM kill or a pressure stop, ``outside_bytes``, the anonymous memory of the group's
 processes outside the worker's tree, in words when it is a meaningful share (``neighbour_note``).
 With ``--guard``, ``guard_margin_bytes`` is the margin below the ceiling where the guard stops
-the worker and ``working_set_peak_bytes`` the highest working set it sampled (``supervisor/guard.py``).
+the worker, ``grace_bytes`` the room kept under that line for its graceful stop (``--grace-bytes``)
+and ``working_set_peak_bytes`` the highest working set it sampled (``supervisor/guard.py``). After
+a pressure stop, ``stop_working_set_bytes`` is the working set the stop was decided at,
+``grown_after_stop_bytes`` how far it rose from there while the worker stopped (sampled every 20 ms),
+and ``stop_finished`` whether the worker then ended by itself (false: SIGKILL at ``--stop-timeout``,
+or the kernel's OOM killer during its shutdown, ended it).
 With ``--learned``, ``learned`` is the decision of the start (``policy/learned.py``): the per-job
 size and baseline declared, learned and used, where the answer came from, and why.
 
@@ -60,6 +66,10 @@ FIELDS = (
     "outside_bytes",
     "guard_margin_bytes",
     "working_set_peak_bytes",
+    "grace_bytes",
+    "stop_working_set_bytes",
+    "grown_after_stop_bytes",
+    "stop_finished",
     "warnings",
     "message",
     "learned",

@@ -115,9 +115,10 @@ class Guard:
             self._say(note)
 
     def interval(self) -> float:
-        """Seconds to the next sample: ``fast_interval`` near the ceiling (until a stop), else ``interval``."""
+        """Seconds to the next sample: ``fast_interval`` near the ceiling and while the worker stops
+        (its growth after the signal is measured), else ``interval``."""
         ws = None if self.last is None else self.last.working_set
-        if ws is not None and ws >= self.watch.near and self.watch.stop_why is None:
+        if self.watch.stop_why is not None or (ws is not None and ws >= self.watch.near):
             return self.settings.fast_interval
         return self.settings.interval
 
@@ -148,8 +149,10 @@ class Guard:
         self._say(f"memory.high of {self.isolation.path} set to {format_size(self.watch.budget)}")
 
     def fields(self) -> dict[str, int | None]:
-        """The exit event's guard fields."""
-        return {"guard_margin_bytes": self.watch.margin, "working_set_peak_bytes": self.watch.peak}
+        """The exit event's guard fields (``supervisor/events.py``)."""
+        w = self.watch
+        out = {"guard_margin_bytes": w.margin, "working_set_peak_bytes": w.peak, "grace_bytes": w.grace}
+        return out | {"stop_working_set_bytes": w.stopped_ws, "grown_after_stop_bytes": w.grown_after_stop}
 
     def summary(self) -> str | None:
         """What the guard saw, for the exit event's message."""
@@ -214,6 +217,13 @@ def make_guard(
         stderr.write("oomguard run: guard: no memory cgroup or no ceiling to watch; the guard is off\n")
         return None
     margin = guard_margin(ceiling, *settings.margin)
+    if margin is not None and margin + settings.grace >= ceiling:
+        stderr.write(
+            f"oomguard run: guard: the guard margin {format_size(margin)} and --grace-bytes "
+            f"{format_size(settings.grace)} leave no stop line under the ceiling {format_size(ceiling)}; "
+            "the guard is off\n"
+        )
+        return None
     if margin is None:  # policy.budget.guard_margin: no room under the ceiling, no line to guard
         given = _given_margin(settings.margin, ceiling)
         stderr.write(
@@ -222,7 +232,7 @@ def make_guard(
         )
         return None
     high = isolated is not None and version == 2
-    watch = GuardState(budget, ceiling, margin, set_high=high, stall_limit=settings.stall_limit)
+    watch = GuardState(budget, ceiling, margin, set_high=high, stall_limit=settings.stall_limit, grace=settings.grace)
     iso = isolated[0] if isolated is not None else None
     alarm = Alarm(root, fs, group, version) if fs is not None and settings.kernel_alarm else None
     guard = Guard(
@@ -233,6 +243,7 @@ def make_guard(
         f"watching {group} every {settings.interval * 1000:g} ms ({settings.fast_interval * 1000:g} ms above "
         f"{format_size(max(0, watch.near))}): at the budget {format_size(budget)} "
         f"--on-pressure {sig}{', memory.high' if high else ''}; stop at {format_size(watch.stop_line)} "
-        f"({format_size(ceiling)} limit - {format_size(margin)} guard margin)"
+        f"({format_size(ceiling)} limit - {format_size(margin)} guard margin"
+        + (f" - {format_size(settings.grace)} grace)" if settings.grace else ")")
     )
     return guard

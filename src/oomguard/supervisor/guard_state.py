@@ -2,7 +2,9 @@
 
 ``Guard`` (guard.py) reads the worker's group and acts; this module only says what a sample means:
 at the budget (once per crossing, re-armed below 95% of it), at the stop line (ceiling - guard
-margin: a pressure stop), or stalled under memory.high for ``stall_limit`` seconds.
+margin - grace: a pressure stop), or stalled under memory.high for ``stall_limit`` seconds. After
+a stop it keeps following the working set: ``grown_after_stop`` is how far it rose past the
+working set the stop was decided at, while the worker stopped (its graceful shutdown's cost).
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ PRESSURE, HIGH, STOP = "pressure", "high", "stop"
 class GuardState:
     """The decisions of one run, sample by sample: no I/O."""
 
-    def __init__(self, budget: int, ceiling: int, margin: int, *, set_high: bool, stall_limit: float) -> None:
-        self.budget, self.ceiling, self.margin = budget, ceiling, margin
-        self.stop_line = ceiling - margin
-        self.near = ceiling - NEAR_MARGINS * margin  # from here on, sample fast
+    def __init__(
+        self, budget: int, ceiling: int, margin: int, *, set_high: bool, stall_limit: float, grace: int = 0
+    ) -> None:
+        self.budget, self.ceiling, self.margin, self.grace = budget, ceiling, margin, grace
+        self.stop_line = ceiling - margin - grace  # the grace: room for the worker's graceful stop
+        self.near = self.stop_line - (NEAR_MARGINS - 1) * margin  # from here on, sample fast
         self.rearm = int(budget * REARM_RATIO)
         self.set_high, self.stall_limit = set_high, stall_limit
         self.armed, self.high_set = True, False
         self.crossings = 0
         self.peak: int | None = None
         self.stop_why: str | None = None  # set once: why the worker is stopped
+        self.stopped_ws: int | None = None  # the working set the stop was decided at
+        self.after_stop_peak: int | None = None  # the highest working set from the stop on
         self._stall0: float | None = None  # PSI full total at this crossing
 
     def step(self, s: MemorySample) -> list[str]:
@@ -39,19 +45,31 @@ class GuardState:
             return []
         self.peak = ws if self.peak is None else max(self.peak, ws)
         if self.stop_why is not None:
+            self.after_stop_peak = max(self.after_stop_peak or ws, ws)
             return []
         actions = self._budget(ws, s.stall_us)
         if ws >= self.stop_line:
+            grace = f" - {format_size(self.grace)} grace" if self.grace else ""
             self.stop_why = (
                 f"working set {format_size(ws)} reached the stop line {format_size(self.stop_line)} "
-                f"({format_size(self.ceiling)} limit - {format_size(self.margin)} guard margin)"
+                f"({format_size(self.ceiling)} limit - {format_size(self.margin)} guard margin{grace})"
             )
         elif self._stalled(s.stall_us):
             self.stop_why = (
                 f"stalled {self.stall_limit:g}s on memory under memory.high {format_size(self.budget)} "
                 f"with the working set {format_size(ws)} above the budget"
             )
-        return [*actions, STOP] if self.stop_why else actions
+        if self.stop_why:
+            self.stopped_ws = self.after_stop_peak = ws
+            return [*actions, STOP]
+        return actions
+
+    @property
+    def grown_after_stop(self) -> int | None:
+        """How far the working set rose past the stop's while the worker stopped (None: no stop)."""
+        if self.stopped_ws is None or self.after_stop_peak is None:
+            return None
+        return max(0, self.after_stop_peak - self.stopped_ws)
 
     def _budget(self, ws: int, stall_us: float | None) -> list[str]:
         if ws < self.rearm:

@@ -107,6 +107,7 @@ class Supervisor:
         self._deathsig_reported = False  # PR_SET_PDEATHSIG's failure is told by the first start only
         self.shape = config.shape  # the shape of the current start: the declared one, or --learned's
         self.learned: dict[str, Any] | None = None  # --learned's decision for the current start
+        self.timed_out = False  # SIGKILL followed a stop signal in the current start (--stop-timeout)
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -116,6 +117,7 @@ class Supervisor:
             signal.setitimer(signal.ITIMER_REAL, max(self.cfg.stop_timeout, 0.001))
 
     def _on_alarm(self, signum: int, frame: object) -> None:
+        self.timed_out = True
         self._killpg(signal.SIGKILL)
 
     def _stop_worker(self) -> None:
@@ -243,6 +245,7 @@ class Supervisor:
         watch = self._watch(report, isolation)
         floor = fork_floor()
         started = self.clock()
+        self.timed_out = False
         self.child = self._spawn(env, args, isolation)
         pid = self.child.pid
         tree = TreePeak(self.root, pid, floor)
@@ -264,6 +267,11 @@ class Supervisor:
         outside, whole = self._neighbours(verdict, guard, watch, limit)
         common = {"pid": pid, **ctx, "reason": verdict.reason, "oom_kills": e.kills, "oom_victim": verdict.victim}
         common |= exit_fields(rc) | (guard.fields() if guard is not None else {})
+        stopped = guard is not None and guard.watch.stopped_ws is not None
+        # after a guard stop: whether the worker ended by itself, not by SIGKILL at --stop-timeout
+        # nor by the kernel's OOM killer in its shutdown
+        finished = verdict.reason == PRESSURE_STOP and not self.timed_out
+        common["stop_finished"] = finished if stopped else None
         common["outside_bytes"] = outside.bytes if outside is not None else None
         oom = verdict.victim if verdict.reason == OOM_KILL else None
         said = [peak_story(peak, budget, limit, limited_by, source=source, oom=oom, kills=e.kills, unknown=unknown)]
