@@ -14,6 +14,8 @@
   change in this file generates a file modified event"), and only on a new change once it was
   read again (fs/kernfs/file.c, ``kernfs_generic_poll``); a worker over its ``memory.high`` under
   ``run --guard --isolate`` wakes the guard, and the exit event says how often.
+- ``--grace-bytes``: a worker whose shutdown after SIGTERM adds 30 % is OOM-killed when stopped
+  at the default line, and finishes when the grace moves the line down (20 runs of 20).
 """
 
 from __future__ import annotations
@@ -169,3 +171,48 @@ def test_the_kernel_wakes_the_guard_over_memory_high(events: Path, tmp_path: Pat
     woke = re.search(r"woken by the kernel (\d+) time\(s\)$", end["message"])
     assert end["reason"] == "clean" and woke, end["message"]
     assert 1 <= int(woke[1]) <= int(throttled)  # once per change at most: each wake-up read what changed
+
+
+# Grows by 8 MiB every 10 ms until SIGTERM; then, a graceful stop that costs memory, allocates
+# 30 % more than it holds, writes the MiB it grew by to argv[1] and exits 0 (tests/test_guard.py's
+# GRACEFUL, on v2).
+GRACEFUL = """
+import signal, sys, time
+chunks, asked = [], []
+signal.signal(signal.SIGTERM, lambda *a: asked.append(1))
+def grow():
+    c = bytearray(8 << 20); c[::4096] = b'x' * len(range(0, len(c), 4096)); chunks.append(c)
+while not asked:
+    grow(); time.sleep(0.01)
+extra = (len(chunks) * 3 + 9) // 10
+for _ in range(extra):
+    grow(); time.sleep(0.002)
+open(sys.argv[1], 'w').write(str(extra * 8))
+"""
+
+
+def test_grace_bytes_lets_a_graceful_stop_finish_on_v2(group: GroupFactory, events: Path, tmp_path: Path) -> None:
+    """Issue 24, item 1, on v2: in a 384 MiB group stopped at 320 MiB (the default 64 MiB margin),
+    a shutdown that adds 30 % meets memory.max and the kernel kills the worker; with
+    --grace-bytes 128MiB the stop comes at 192 MiB and the worker finishes, 20 runs of 20."""
+    g = group(384 * MiB)
+    grew = tmp_path / "grew"
+
+    def once(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:  # type: ignore[type-arg]
+        events.unlink(missing_ok=True)
+        grew.unlink(missing_ok=True)
+        cmd = [PYTHON, "-m", "oomguard", "run", "--restart", "never", "--events", str(events), "--guard"]
+        cmd += ["--stop-timeout", "20s", *args, "--", PYTHON, "-c", GRACEFUL, str(grew)]
+        proc = g.run(*cmd)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc, read_events(events)[-1]
+
+    proc, end = once()
+    assert (end["reason"], end["stop_finished"]) == ("oom-kill", False), proc.stderr
+    kills = g.keyed("memory.events")["oom_kill"]
+    for _ in range(20):
+        proc, end = once("--grace-bytes", "128MiB")
+        assert (end["reason"], end["oom_kills"], end["stop_finished"]) == ("pressure-stop", 0, True), proc.stderr
+        assert end["grace_bytes"] == 128 * MiB and 192 * MiB <= end["stop_working_set_bytes"] < 256 * MiB, end
+        assert 0.5 * int(grew.read_text()) * MiB <= end["grown_after_stop_bytes"], (grew.read_text(), end)
+    assert g.keyed("memory.events")["oom_kill"] == kills  # not one more in the 20 runs
