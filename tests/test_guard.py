@@ -824,3 +824,21 @@ def test_a_worker_that_grows_30_percent_after_sigterm_finishes_with_grace_bytes(
         # the growth the guard saw after its stop (sampled every 20 ms) against what the worker says it added
         assert 0.6 * int(grew) * MiB <= end["grown_after_stop_bytes"] <= (int(grew) + 32) * MiB, (grew, end)
     assert group.oom_kills() == kills  # not one more in the 20 runs
+
+
+@needs_cgroup
+def test_a_grace_that_leaves_no_stop_line_turns_the_guard_off_and_bad_text_is_a_usage_error(
+    group: Group, tmp_path: Path
+) -> None:
+    proc = group.run(PY, "-m", "oomguard", "run", "--restart", "never", "--guard", "--grace-bytes", "460MiB",
+                     "--", "true", env=ENV)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "oomguard run: guard: the guard margin 64 MiB and --grace-bytes 460 MiB leave no stop line under the "
+        "ceiling 512 MiB; the guard is off"
+    ) in proc.stderr
+    bad = group.run(PY, "-m", "oomguard", "run", "--guard", "--grace-bytes", "lots", "--", "true", env=ENV)
+    assert bad.returncode == 2 and "--grace-bytes" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    alone = group.run(PY, "-m", "oomguard", "run", "--grace-bytes", "1MiB", "--", "true", env=ENV)
+    assert alone.returncode == 2 and "--guard" in alone.stderr, alone.stderr
