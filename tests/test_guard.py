@@ -38,6 +38,7 @@ from oomguard.supervisor.waiting import FAST_QUIET, exit_waiter
 from tests.conftest import REPO
 from tests.helpers.supervise import cgroup_tree
 from tests.realcgroup import Group, limited_group, writable_parent
+from tests.workers import GRACEFUL
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -774,24 +775,6 @@ def test_the_kernel_s_wake_up_stops_a_fast_grower_whose_group_is_full_of_page_ca
     assert group.oom_kills() == 0 and said[1:] == ["TERM"]
     assert 501 * MiB < end["working_set_peak_bytes"] < 512 * MiB  # past the stop line (512 - 10.24 MiB)
     assert re.search(r"woken by the kernel [1-9]\d* time\(s\)$", end["message"]), end["message"]
-
-
-# Grows by 8 MiB every 10 ms (800 MiB/s) until SIGTERM; then, as a graceful stop that costs memory
-# (a checkpoint written, buffers flushed), allocates 30 % more than it holds, writes the MiB it
-# grew by to argv[1] and exits 0.
-GRACEFUL = """
-import signal, sys, time
-chunks, asked = [], []
-signal.signal(signal.SIGTERM, lambda *a: asked.append(1))
-def grow():
-    c = bytearray(8 << 20); c[::4096] = b'x' * len(range(0, len(c), 4096)); chunks.append(c)
-while not asked:
-    grow(); time.sleep(0.01)
-extra = (len(chunks) * 3 + 9) // 10
-for _ in range(extra):
-    grow(); time.sleep(0.002)
-open(sys.argv[1], 'w').write(str(extra * 8))
-"""
 
 
 def graceful_run(g: Group, tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:

@@ -73,3 +73,20 @@ FIRST_RUN = (
     "    c = bytearray(step); c[::4096] = b'x' * (len(c) // 4096); chunks.append(c); time.sleep(pause)\n"
     "time.sleep(600)\n"
 )
+# A worker whose graceful stop costs memory (a checkpoint written, buffers flushed): it grows by
+# 8 MiB every 10 ms (800 MiB/s) until SIGTERM, then allocates 30 % more than it holds, writes the
+# MiB it grew by to argv[1] and exits 0 (``run --grace-bytes``: tests/test_guard.py, and on v2
+# tests/vm/guest/check_guard.py).
+GRACEFUL = (
+    "import signal, sys, time\n"
+    "chunks, asked = [], []\n"
+    "signal.signal(signal.SIGTERM, lambda *a: asked.append(1))\n"
+    "def grow():\n"
+    "    c = bytearray(8 << 20); c[::4096] = b'x' * len(range(0, len(c), 4096)); chunks.append(c)\n"
+    "while not asked:\n"
+    "    grow(); time.sleep(0.01)\n"
+    "extra = (len(chunks) * 3 + 9) // 10\n"
+    "for _ in range(extra):\n"
+    "    grow(); time.sleep(0.002)\n"
+    "open(sys.argv[1], 'w').write(str(extra * 8))\n"
+)

@@ -34,6 +34,7 @@ from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import LiveRoot
 from oomguard.supervisor.alarm import Alarm
 from tests.vm.guest.cg import PYTHON, Group, MiB, oomguard_env, read_events
+from tests.workers import GRACEFUL
 
 GroupFactory = Callable[..., Group]
 
@@ -171,24 +172,6 @@ def test_the_kernel_wakes_the_guard_over_memory_high(events: Path, tmp_path: Pat
     woke = re.search(r"woken by the kernel (\d+) time\(s\)$", end["message"])
     assert end["reason"] == "clean" and woke, end["message"]
     assert 1 <= int(woke[1]) <= int(throttled)  # once per change at most: each wake-up read what changed
-
-
-# Grows by 8 MiB every 10 ms until SIGTERM; then, a graceful stop that costs memory, allocates
-# 30 % more than it holds, writes the MiB it grew by to argv[1] and exits 0 (tests/test_guard.py's
-# GRACEFUL, on v2).
-GRACEFUL = """
-import signal, sys, time
-chunks, asked = [], []
-signal.signal(signal.SIGTERM, lambda *a: asked.append(1))
-def grow():
-    c = bytearray(8 << 20); c[::4096] = b'x' * len(range(0, len(c), 4096)); chunks.append(c)
-while not asked:
-    grow(); time.sleep(0.01)
-extra = (len(chunks) * 3 + 9) // 10
-for _ in range(extra):
-    grow(); time.sleep(0.002)
-open(sys.argv[1], 'w').write(str(extra * 8))
-"""
 
 
 def test_grace_bytes_lets_a_graceful_stop_finish_on_v2(group: GroupFactory, events: Path, tmp_path: Path) -> None:
