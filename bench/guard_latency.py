@@ -63,14 +63,13 @@ APPROACH = 0.6  # of the stop line, filled fast before the measured ramp
 
 
 def own_group() -> tuple[str, int]:
-    """This process's memory cgroup directory and the hierarchy's version."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        ident, controllers, path = line.split(":", 2)
-        if ident == "0" and controllers == "":
-            return f"/sys/fs/cgroup{path}", 2
-        if "memory" in controllers.split(","):
-            return f"/sys/fs/cgroup/memory{path}", 1
-    raise SystemExit("no memory cgroup")
+    """This process's memory cgroup directory and the hierarchy's version (``tests.realcgroup``)."""
+    from tests.realcgroup import own_memory_cgroup
+
+    version, where = own_memory_cgroup()
+    if version is None:
+        raise SystemExit(f"no memory cgroup: {where}")
+    return str(where), version
 
 
 def worker(opts: argparse.Namespace) -> int:
