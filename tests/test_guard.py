@@ -825,3 +825,30 @@ def test_a_grace_that_leaves_no_stop_line_turns_the_guard_off_and_bad_text_is_a_
     assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     alone = group.run(PY, "-m", "oomguard", "run", "--grace-bytes", "1MiB", "--", "true", env=ENV)
     assert alone.returncode == 2 and "--guard" in alone.stderr, alone.stderr
+
+
+# Ignores SIGTERM, grows by 8 MiB every 10 ms to 464 MiB (past a 512 MiB group's default stop line,
+# under its limit) and waits there: only --stop-timeout's SIGKILL ends it.
+DEAF = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+chunks = []
+while len(chunks) < 58:
+    c = bytearray(8 << 20); c[::4096] = b'x' * len(range(0, len(c), 4096)); chunks.append(c)
+    time.sleep(0.01)
+time.sleep(60)
+"""
+
+
+@needs_cgroup
+@pytest.mark.slow
+def test_a_stop_ended_by_the_stop_timeout_is_not_finished(group: Group, tmp_path: Path) -> None:
+    """The guard stopped it and the worker ended, but by SIGKILL at --stop-timeout: the exit event
+    says pressure-stop and ``stop_finished: false``, not a graceful end."""
+    ev = tmp_path / "ev.jsonl"
+    run = ("run", "--events", str(ev), "--restart", "never", "--guard", "--stop-timeout", "300ms")
+    proc = group.run(PY, "-m", "oomguard", *run, "--", PY, "-c", DEAF, env=ENV)
+    end = [json.loads(line) for line in ev.read_text().splitlines()][-1]
+    assert (end["reason"], end["signal"], end["oom_kills"]) == ("pressure-stop", 9, 0), (end, proc.stderr)
+    assert end["stop_finished"] is False and end["stop_working_set_bytes"] >= 448 * MiB, end
+    assert group.oom_kills() == 0
