@@ -412,25 +412,27 @@ def overview(
     alerts = alert_count(seen, kinds, fleet.c.archived_ms)  # of the kinds the pass evaluated, each rule once
     listed = select(fleet, alerts.label("alerts")).subquery("listed")
 
-    def part(name: str, *, status: Any = None, n: Any = None, sums: Any = None, node: Any = None) -> list[Any]:
-        """One part's columns, the others NULL (typed: a UNION's columns agree in type)."""
-        nothing = cast(null(), BigInteger)
-        columns = [literal(name).label("part"), cast(null(), String) if status is None else status]
-        columns += [nothing if n is None else n, cast(null(), Float) if sums is None else sums[0]]
-        columns += [cast(x, BigInteger) for x in sums[1:]] if sums else [nothing] * (2 + len(kinds))
-        return columns + (node if node else [nothing, nothing])
+    names = ["status", "n", "effective", "oom", "stops", *(f"kind_{i}" for i in range(len(kinds))), "id", "pos"]
+    types = [String, BigInteger, Float, *[BigInteger] * (len(names) - 3)]
 
-    sums = [func.sum(fleet.c.effective), func.sum(fleet.c.oom_kills_24h), func.sum(fleet.c.pressure_stops_24h)]
-    sums += [func.sum(k) for k in kinds]
-    counted = select(*part("cards", status=fleet.c.status, n=func.count(), sums=sums)).group_by(fleet.c.status)
+    def part(name: str, **given: Any) -> list[Any]:
+        """One part's columns by *names*, those not *given* NULL (typed: a UNION's columns agree)."""
+        columns = [literal(name).label("part")]
+        for column, kind in zip(names, types, strict=True):
+            value = given.get(column)
+            columns.append((cast(null(), kind) if value is None else cast(value, kind)).label(column))
+        return columns
+
+    sums = {"effective": func.sum(fleet.c.effective), "oom": func.sum(fleet.c.oom_kills_24h)}
+    sums |= {"stops": func.sum(fleet.c.pressure_stops_24h)} | {f"kind_{i}": func.sum(k) for i, k in enumerate(kinds)}
+    counted = select(*part("cards", status=fleet.c.status, n=func.count(), **sums)).group_by(fleet.c.status)
     conds = _filters(listed.c, status, q, label)
     page = select(listed).where(*conds).order_by(*_order(sort, listed.c)).limit(limit).offset(offset).subquery("page")
-    ranked = [page.c.id, func.row_number().over(order_by=_order(sort, page.c))]
-    parts = [counted, select(*part("page", node=ranked))]
+    ranked = select(*part("page", id=page.c.id, pos=func.row_number().over(order_by=_order(sort, page.c))))
+    parts = [counted, ranked]
     if q or label is not None:
         parts.append(select(*part("total", n=func.count())).select_from(listed).where(*conds))
-    names = ["part", "status", "n", "effective", "oom", "stops", *(f"kind_{i}" for i in range(len(kinds))), "id", "pos"]
-    rows = [dict(zip(names, r, strict=True)) for r in conn.execute(union_all(*parts)).all()]
+    rows = conn.execute(union_all(*parts)).mappings().all()
     per_status = [r for r in rows if r["part"] == "cards"]
     cards = _cards(per_status)
     alerting = {kind.name: 0 for kind in ALERTS}
