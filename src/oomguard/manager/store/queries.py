@@ -73,7 +73,7 @@ def _filters(cols: Any, state: str | None, q: str | None, label: tuple[str, str]
     return conds
 
 
-def _node_columns(now: int, interval_ms: int, computed: list[Any], sort: str) -> dict[str, Any]:
+def _node_columns(computed: list[Any], sort: str) -> dict[str, Any]:
     """The columns ``_filters`` and ``_order`` read, on the nodes themselves: *computed*
     (``_counted``'s), the ratio, and *sort*'s column."""
     cols = {c.name: c for c in computed}
@@ -82,7 +82,7 @@ def _node_columns(now: int, interval_ms: int, computed: list[Any], sort: str) ->
     key = sort.lstrip("-")
     if key not in {"risk", "working_set_pct", *cols}:
         cols[key] = last_seen() if key == "last_seen" else nodes.c[key]
-    return {**cols, "status": node_status(now, interval_ms)}
+    return cols
 
 
 def _counted(
@@ -155,7 +155,7 @@ def list_nodes(
     Two steps: the page's node ids, sorted over every node that matches (only the sort keys go
     through the sort), then the summaries of those ids alone."""
     joined, computed = _counted(now, interval_ms, line=line)
-    cols = _node_columns(now, interval_ms, computed, sort)
+    cols = _node_columns(computed, sort)
     conds = _filters(cols, status, q, label)
     if ids is None:
         page = select(nodes.c.id).select_from(joined).where(*conds)
