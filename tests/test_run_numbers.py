@@ -445,18 +445,36 @@ def test_a_pressure_stop_for_a_neighbours_memory_does_not_step_the_worker_down(g
 @needs_v1
 def test_an_oom_kill_at_a_neighbours_memory_does_not_step_the_worker_down(group: Group, tmp_path: Path) -> None:
     """The neighbour holds 300 MiB; the worker (first in line: oom_score_adj 1000) is OOM-killed with
-    about 200 MiB of its own, within its 300 MiB budget."""
-    pidfile, go, held = tmp_path / "pid", tmp_path / "go", tmp_path / "held"
-    go.write_text("now")
-    neighbour = subprocess.Popen(in_group(group, PY, "-c", HOLDER, "300", str(held)))
-    try:
-        wait_for(held)
-        worker = (PY, "-c", FIRST_RUN, str(pidfile), str(go), "hog")
-        _, ev, err = run_in(group, tmp_path, *SHAPE, "--budget", "300MiB", *ONE_RESTART, "--", *worker)
-        assert neighbour.poll() is None
-    finally:
-        neighbour.kill()
-        neighbour.wait()
+    about 200 MiB of its own, within its 300 MiB budget.
+
+    On a loaded host the kernel can kill the neighbour too: CI's dmesg showed it 12 ms after the
+    worker, the second OOM invoked by a process of oom_score_adj 0 (the supervisor) with the worker
+    gone from the task list. The likely window, read in mm/mmap.c, not traced: exit_mmap() sets
+    MMF_OOM_SKIP on the victim's mm once its pages are unmapped, before the last batch of them is
+    freed and uncharged; a fault then finds the group still full and the victim skipped, and the
+    OOM killer takes the largest process left.
+    Lowering the bystanders' oom_score_adj would close it, but needs CAP_SYS_RESOURCE, which this
+    machine's root lacks. That attempt did not set up the case under test, so it is said and run
+    again, three attempts at most; every assertion holds on the attempt that counts."""
+    for attempt in range(1, 4):
+        run_dir = tmp_path / f"attempt-{attempt}"
+        run_dir.mkdir()
+        pidfile, go, held = run_dir / "pid", run_dir / "go", run_dir / "held"
+        go.write_text("now")
+        neighbour = subprocess.Popen(in_group(group, PY, "-c", HOLDER, "300", str(held)))
+        try:
+            wait_for(held)
+            worker = (PY, "-c", FIRST_RUN, str(pidfile), str(go), "hog")
+            _, ev, err = run_in(group, run_dir, *SHAPE, "--budget", "300MiB", *ONE_RESTART, "--", *worker)
+            survived = neighbour.poll() is None
+        finally:
+            neighbour.kill()
+            neighbour.wait()
+        if survived:
+            break
+        assert neighbour.returncode == -signal.SIGKILL, neighbour.returncode  # only the OOM killer's second kill
+        print(f"attempt {attempt}: the kernel OOM-killed the neighbour as well (the MMF_OOM_SKIP window); again")
+    assert survived, "the neighbour was OOM-killed beside the worker in 3 attempts of 3"
     exits = [e for e in ev if e["event"] == "exit"]
     assert (exits[0]["reason"], exits[0]["oom_victim"]) == ("oom-kill", "worker"), err
     assert 295 * MiB <= exits[0]["outside_bytes"] <= 315 * MiB
