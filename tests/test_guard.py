@@ -31,7 +31,8 @@ from oomguard.supervisor.adapt import Adaptation
 from oomguard.supervisor.alarm import Alarm
 from oomguard.supervisor.config import GuardSettings, parse_signal, settings_from
 from oomguard.supervisor.exits import Evidence, classify, pressure_stopped
-from oomguard.supervisor.guard import Guard, binding_group
+from oomguard.supervisor.grace import Grace, GraceLearning
+from oomguard.supervisor.guard import Guard, binding_group, make_guard
 from oomguard.supervisor.guard_state import HIGH, PRESSURE, STOP, GuardState
 from oomguard.supervisor.isolate import Isolation
 from oomguard.supervisor.waiting import FAST_QUIET, exit_waiter
@@ -252,8 +253,11 @@ def test_the_guard_signals_and_sets_memory_high(tmp_path: Path, sleeper: tuple[s
     err = io.StringIO()
     settings = GuardSettings(on_pressure=signal.SIGUSR1)
     root = DirRoot(str(tree))
-    g = Guard(settings, watch, root=root, group=group, version=2, pid=child.pid, stderr=err, isolation=iso)
+    now = [100.0]
+    g = Guard(settings, watch, root=root, group=group, version=2, pid=child.pid, stderr=err, isolation=iso,
+              stop_timeout=30.0, clock=lambda: now[0])  # fmt: skip
     assert g.tick() is False and not (tree / group.lstrip("/") / "memory.high").exists()
+    now[0] += 0.1
     write_tree(tree, {group + "/memory.current": f"{300 * MiB}\n", group + "/memory.events": "high 3\n"})
     assert g.tick() is False
     assert (tree / group.lstrip("/") / "memory.high").read_text() == str(256 * MiB)
@@ -263,8 +267,23 @@ def test_the_guard_signals_and_sets_memory_high(tmp_path: Path, sleeper: tuple[s
         f"oomguard run: guard: memory.high of {group} set to 256 MiB",
     ]
     write_tree(tree, {group + "/memory.current": f"{450 * MiB}\n"})
+    now[0] += 0.1  # 100, 300, 450 MiB over 0.2 s: 1750 MiB/s
     assert g.tick() is True and g.tick() is False  # stop once
-    stop = {"guard_margin_bytes": 64 * MiB, "grace_bytes": 0, "stop_working_set_bytes": 450 * MiB}
+    # while it stops, memory.high is lifted from the budget to just under the ceiling (half a margin)
+    assert (tree / group.lstrip("/") / "memory.high").read_text() == str(480 * MiB)
+    assert err.getvalue().splitlines()[2:] == [
+        "oomguard run: guard: pressure stop: working set 450 MiB reached the stop line 448 MiB (512 MiB limit - "
+        "64 MiB guard margin); growing 1.71 GiB/s, the ceiling 0.0354s away at that rate, within --stop-timeout "
+        "30s: the stop must curb the growth; SIGTERM to the worker's process group",
+        f"oomguard run: guard: memory.high of {group} set to 480 MiB while the worker stops",
+    ]
+    stop: dict[str, int | str | None] = {"guard_margin_bytes": 64 * MiB, "grace_bytes": 0}
+    stop |= {
+        "stop_working_set_bytes": 450 * MiB,
+        "grace_source": None,
+        "grace_high_bytes": 480 * MiB,
+        "stop_rate_bytes_per_s": 1750 * MiB,
+    }
     assert g.fields() == {**stop, "working_set_peak_bytes": 450 * MiB, "grown_after_stop_bytes": 0}
     assert g.interval() == settings.fast_interval  # while the worker stops, its growth is followed closely
     write_tree(tree, {group + "/memory.current": f"{480 * MiB}\n"})  # its graceful stop costs 30 MiB
@@ -552,6 +571,49 @@ def test_the_grace_moves_the_stop_line_and_the_fast_rate_down_with_it() -> None:
     assert (watch.stopped_ws, watch.grown_after_stop) == (348 * MiB, 72 * MiB)
 
 
+def test_the_grace_is_learned_from_the_stops_before() -> None:
+    """grace.py: an ended stop's growth + 15%; one the kernel ended, at least double it and one
+    margin more (a lower bound); never above half of the ceiling less the margin; --grace-bytes
+    when it is larger."""
+    learning = GraceLearning(0)
+    assert learning.for_start(512 * MiB, 64 * MiB) == Grace(0, None)
+    learning.learn(None, oom_killed=False, margin=64 * MiB)  # no stop: nothing learned
+    assert (learning.stops, learning.learned) == (0, 0)
+    learning.learn(60 * MiB, oom_killed=True, margin=64 * MiB)  # killed in its shutdown after 60 MiB
+    assert learning.for_start(512 * MiB, 64 * MiB) == Grace(124 * MiB, "learned")  # max(120, 60 + 64)
+    learning.learn(100 * MiB, oom_killed=False, margin=64 * MiB)  # ended after 100 MiB: 115 MiB < 124
+    assert learning.learned == 124 * MiB
+    learning.learn(200 * MiB, oom_killed=False, margin=64 * MiB)
+    assert learning.learned == 230 * MiB and learning.stops == 3
+    assert learning.for_start(512 * MiB, 64 * MiB) == Grace(224 * MiB, "learned", capped=True)  # (512 - 64) / 2
+    assert GraceLearning(300 * MiB).for_start(512 * MiB, 64 * MiB) == Grace(300 * MiB, "given")  # not capped
+    given = GraceLearning(100 * MiB)
+    given.learn(10 * MiB, oom_killed=True, margin=16 * MiB)  # learned 26 MiB, under what was given
+    assert given.for_start(512 * MiB, 16 * MiB) == Grace(100 * MiB, "given")
+
+
+def test_the_guard_says_a_learned_grace_and_that_v1_has_no_throttle_during_the_stop(tmp_path: Path) -> None:
+    group = "/sys/fs/cgroup/memory/w"
+    write_tree(tmp_path, {group + "/memory.usage_in_bytes": f"{100 * MiB}\n"})
+    err, learning = io.StringIO(), GraceLearning(0)
+    learning.learn(40 * MiB, oom_killed=True, margin=64 * MiB)
+    report: Any = {"memory": {"cgroup": {"dir": group, "version": 1, "limit_file": f"{group}/memory.limit_in_bytes"},
+                              "limited_by": "cgroup-v1", "effective_bytes": 512 * MiB}}  # fmt: skip
+    g = make_guard(GuardSettings(kernel_alarm=False), report, 256 * MiB, isolated=None, root=DirRoot(str(tmp_path)),
+                   pid=os.getpid(), stderr=err, learning=learning)  # fmt: skip
+    assert g is not None and (g.watch.grace, g.watch.stop_line) == (104 * MiB, 344 * MiB)
+    assert "stop at 344 MiB (512 MiB limit - 64 MiB guard margin - 104 MiB grace learned from earlier stops)" in (
+        err.getvalue()
+    )
+    write_tree(tmp_path, {group + "/memory.usage_in_bytes": f"{350 * MiB}\n"})
+    assert g.tick() is True
+    assert err.getvalue().splitlines()[-1] == (
+        "oomguard run: guard: no throttle during the stop (cgroup v1 has no memory.high): the room under the "
+        "stop line is all it has"
+    )
+    assert g.fields()["grace_source"] == "learned" and g.fields()["grace_high_bytes"] is None
+
+
 def test_a_v1_threshold_follows_the_page_cache_but_not_every_sample(tmp_path: Path) -> None:
     group = "/sys/fs/cgroup/memory/w"
     write_tree(tmp_path, {group + "/memory.usage_in_bytes": "0\n", group + "/cgroup.event_control": ""})
@@ -807,6 +869,31 @@ def test_a_worker_that_grows_30_percent_after_sigterm_finishes_with_grace_bytes(
         # the growth the guard saw after its stop (sampled every 20 ms) against what the worker says it added
         assert 0.6 * int(grew) * MiB <= end["grown_after_stop_bytes"] <= (int(grew) + 32) * MiB, (grew, end)
     assert group.oom_kills() == kills  # not one more in the 20 runs
+
+
+@needs_cgroup
+@pytest.mark.slow
+def test_the_guard_learns_the_grace_from_a_stop_the_kernel_ended(group: Group, tmp_path: Path) -> None:
+    """Issue 24, item 1, without --grace-bytes: the same 30 % worker, restarted by one supervisor.
+    Its first stop, at the default line, ends in the kernel's OOM kill; the growth seen until then
+    is a lower bound, so the next start keeps at least double it as grace (grace.py). From then on
+    every stop finishes, 20 of 20, each exit event saying the grace was learned."""
+    ev, grew = tmp_path / "ev.jsonl", tmp_path / "grew"
+    run = ("run", "--events", str(ev), "--guard", "--budget", "256MiB", "--stop-timeout", "10s",
+           "--max-restarts", "20", "--backoff-initial", "10ms", "--backoff-max", "10ms")  # fmt: skip
+    proc = group.run(PY, "-m", "oomguard", *run, "--", PY, "-c", GRACEFUL, str(grew), env=ENV)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    exits = [e for e in map(json.loads, ev.read_text().splitlines()) if e["event"] == "exit"]
+    first, rest = exits[0], exits[1:]
+    assert (first["reason"], first["stop_finished"], first["grace_source"]) == ("oom-kill", False, None), first
+    lesson = first["grown_after_stop_bytes"]
+    assert lesson is not None and lesson > 0, first
+    assert len(rest) == 20, proc.stderr
+    for end in rest:
+        assert (end["reason"], end["oom_kills"], end["stop_finished"]) == ("pressure-stop", 0, True), end
+        assert end["grace_source"] == "learned" and end["grace_bytes"] >= max(2 * lesson, lesson + 64 * MiB), end
+        assert end["stop_working_set_bytes"] <= 448 * MiB - end["grace_bytes"] + 32 * MiB, end
+    assert "grace learned from earlier stops)" in proc.stderr
 
 
 @needs_cgroup

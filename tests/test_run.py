@@ -235,7 +235,10 @@ def test_env_placeholders_and_exit_status(tmp_path: Path) -> None:
         "guard_margin_bytes",
         "working_set_peak_bytes",
         "grace_bytes",
+        "grace_source",
+        "grace_high_bytes",
         "stop_working_set_bytes",
+        "stop_rate_bytes_per_s",
         "grown_after_stop_bytes",
         "stop_finished",
         "warnings",
@@ -245,6 +248,7 @@ def test_env_placeholders_and_exit_status(tmp_path: Path) -> None:
     assert start["learned"] is None  # no --learned
     assert (exit_["guard_margin_bytes"], exit_["working_set_peak_bytes"]) == (None, None)  # no --guard
     assert (exit_["grace_bytes"], exit_["grown_after_stop_bytes"], exit_["stop_finished"]) == (None, None, None)
+    assert (exit_["grace_source"], exit_["grace_high_bytes"], exit_["stop_rate_bytes_per_s"]) == (None, None, None)
     assert start["limited_by"] == exit_["limited_by"] is not None  # where the ceiling came from, on every event
     assert start["time"].endswith("Z") and "T" in start["time"]
     assert "oomguard run: exit" in proc.stderr  # the same events, readable, on stderr

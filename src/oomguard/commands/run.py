@@ -82,7 +82,8 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
         group,
         "--grace-bytes",
         "room kept under the stop line for the worker's graceful stop: the guard stops it this much "
-        "earlier (default 0; the exit event says how much it grew after SIGTERM)",
+        "earlier (default 0; the exit event says how much it grew after SIGTERM, and later starts keep "
+        "more when an earlier stop grew more, docs/guard.md)",
         "SIZE",
     )
     flags.option(

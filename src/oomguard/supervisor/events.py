@@ -7,7 +7,8 @@ Every event has the same keys (null where they do not apply)::
      "reason": "oom-kill"|"pressure-stop"|"signal"|"exit"|"clean", "exit_code", "signal",
      "oom_kills", "oom_victim": "worker"|"descendant"|"group",
      "duration_s", "delay_s", "peak_bytes", "peak_source", "outside_bytes",
-     "guard_margin_bytes", "working_set_peak_bytes", "grace_bytes", "stop_working_set_bytes",
+     "guard_margin_bytes", "working_set_peak_bytes", "grace_bytes", "grace_source",
+     "grace_high_bytes", "stop_working_set_bytes", "stop_rate_bytes_per_s",
      "grown_after_stop_bytes", "stop_finished", "warnings", "message", "learned"}
 
 ``effective_bytes`` and ``limited_by`` are the hard ceiling the budget was computed from and
@@ -19,9 +20,13 @@ the budget and the limit; after an OOM kill, that the kernel's OOM killer acted 
 after an OOM kill or a pressure stop, ``outside_bytes``, the anonymous memory of the group's
 processes outside the worker's tree, in words when it is a meaningful share (``neighbour_note``).
 With ``--guard``, ``guard_margin_bytes`` is the margin below the ceiling where the guard stops
-the worker, ``grace_bytes`` the room kept under that line for its graceful stop (``--grace-bytes``)
-and ``working_set_peak_bytes`` the highest working set it sampled (``supervisor/guard.py``). After
-a pressure stop, ``stop_working_set_bytes`` is the working set the stop was decided at,
+the worker, ``grace_bytes`` the room kept under that line for its graceful stop and
+``grace_source`` where it came from (``given``: ``--grace-bytes``; ``learned``: this supervisor's
+earlier stops, ``supervisor/grace.py``; null: none), and ``working_set_peak_bytes`` the highest
+working set it sampled (``supervisor/guard.py``). After a pressure stop,
+``stop_working_set_bytes`` is the working set the stop was decided at, ``stop_rate_bytes_per_s``
+how fast it grew then (over the last 0.5 s of samples), ``grace_high_bytes`` the ``memory.high``
+set while the worker stopped (v2 with ``--isolate``; null elsewhere),
 ``grown_after_stop_bytes`` how far it rose from there while the worker stopped (sampled every 20 ms),
 and ``stop_finished`` whether the worker then ended by itself (false: SIGKILL at ``--stop-timeout``,
 or the kernel's OOM killer during its shutdown, ended it).
@@ -67,7 +72,10 @@ FIELDS = (
     "guard_margin_bytes",
     "working_set_peak_bytes",
     "grace_bytes",
+    "grace_source",
+    "grace_high_bytes",
     "stop_working_set_bytes",
+    "stop_rate_bytes_per_s",
     "grown_after_stop_bytes",
     "stop_finished",
     "warnings",

@@ -14,7 +14,10 @@ between samples. The flags become a ``GuardSettings`` in ``config.py``.
   is set to the budget. The crossing re-arms when the working set falls below 95% of it.
 - **near the ceiling** (working set >= ceiling - ``--guard-margin``; default max(64 MiB, 2% of
   the ceiling)): stop. The supervisor sends SIGTERM to the worker's process group, SIGKILL
-  ``--stop-timeout`` later, and records ``pressure-stop``.
+  ``--stop-timeout`` later, and records ``pressure-stop``. The line is lower by the grace, room
+  for the worker's graceful stop (``--grace-bytes``, or learned from earlier stops: ``grace.py``);
+  while the worker stops, with ``--isolate`` on v2, ``memory.high`` is half a guard margin under
+  the limit (``Guard._grace_high``).
 - **stalled under memory.high**: cgroup-v2.rst, "memory.high": "Going over the high limit never
   invokes the OOM killer and under extreme conditions the limit may be breached. The high
   limit should be used in scenarios where an external process monitors the limited cgroup to
@@ -43,6 +46,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
+from collections.abc import Callable
 from typing import TextIO
 
 from oomguard.policy.budget import guard_margin
@@ -51,6 +56,7 @@ from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import Root
 from oomguard.supervisor.alarm import Alarm
 from oomguard.supervisor.config import GuardSettings
+from oomguard.supervisor.grace import Grace, GraceLearning
 from oomguard.supervisor.guard_state import HIGH, PRESSURE, STOP, GuardState
 from oomguard.supervisor.members import Outside, outside_memory
 from oomguard.units import format_size
@@ -76,9 +82,15 @@ class Guard:
         stderr: TextIO,
         isolation: Isolation | None = None,
         alarm: Alarm | None = None,
+        grace: Grace | None = None,
+        stop_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings, self.watch, self.root, self.group, self.version = settings, watch, root, group, version
         self.pid, self.stderr, self.isolation, self.alarm = pid, stderr, isolation, alarm
+        self.grace = grace if grace is not None else Grace(watch.grace, "given" if watch.grace else None)
+        self.stop_timeout, self.clock = stop_timeout, clock
+        self.grace_high: int | None = None  # memory.high while the worker stops (v2, --isolate)
         self.first: MemorySample | None = None
         self.last: MemorySample | None = None
         self.blind = False  # said once: the working set cannot be read
@@ -95,7 +107,7 @@ class Guard:
             self._say(f"cannot read the usage of {self.group}: nothing to act on while it stays unreadable")
         if s.working_set is not None:
             self.first, self.last = self.first or s, s
-        actions = self.watch.step(s)
+        actions = self.watch.step(s, self.clock())
         if self.alarm is not None and s.working_set is not None and self.watch.stop_why is None:
             self._arm(s)
         if PRESSURE in actions:
@@ -105,8 +117,38 @@ class Guard:
         if STOP in actions:
             self.stopped_at = s.working_set
             self.outside = outside_memory(self.root, self.group, os.getpid())
-            self._say(f"pressure stop: {self.watch.stop_why}; SIGTERM to the worker's process group")
+            self._say(f"pressure stop: {self.watch.stop_why}{self._rate_note()}; SIGTERM to the worker's process group")
+            self._grace_high()
         return STOP in actions
+
+    def _rate_note(self) -> str:
+        """The growth at the stop, and the time to the ceiling at that rate against ``--stop-timeout``."""
+        rate, ws = self.watch.stop_rate, self.watch.stopped_ws
+        if rate is None or rate <= 0 or ws is None:
+            return ""
+        seconds = max(0, self.watch.ceiling - ws) / rate
+        away = f"{seconds:.3g}" if seconds < 100 else f"{seconds:.0f}"
+        note = f"; growing {format_size(int(rate))}/s, the ceiling {away}s away at that rate"
+        if self.stop_timeout is not None and seconds < self.stop_timeout:
+            note += f", within --stop-timeout {self.stop_timeout:g}s: the stop must curb the growth"
+        return note
+
+    def _grace_high(self) -> None:
+        """While the worker stops: v2 ``memory.high`` just below the ceiling (half a guard margin), so
+        the kernel throttles and reclaims before it kills; it also lifts a ``memory.high`` set at
+        the budget, which would throttle the worker's graceful stop itself."""
+        if self.isolation is None or self.version != 2:
+            why = "cgroup v1 has no memory.high" if self.version == 1 else "without --isolate, not oomguard's group"
+            self._say(f"no throttle during the stop ({why}): the room under the stop line is all it has")
+            return
+        high = self.watch.ceiling - self.watch.margin // 2
+        try:
+            self.isolation.set_high(high)
+        except OSError as exc:
+            self._say(f"cannot set {self.isolation.path}/memory.high: {exc.strerror}")
+            return
+        self.grace_high = high
+        self._say(f"memory.high of {self.isolation.path} set to {format_size(high)} while the worker stops")
 
     def _arm(self, s: MemorySample) -> None:
         assert self.alarm is not None
@@ -148,11 +190,14 @@ class Guard:
             return
         self._say(f"memory.high of {self.isolation.path} set to {format_size(self.watch.budget)}")
 
-    def fields(self) -> dict[str, int | None]:
+    def fields(self) -> dict[str, int | str | None]:
         """The exit event's guard fields (``supervisor/events.py``)."""
         w = self.watch
-        out = {"guard_margin_bytes": w.margin, "working_set_peak_bytes": w.peak, "grace_bytes": w.grace}
-        return out | {"stop_working_set_bytes": w.stopped_ws, "grown_after_stop_bytes": w.grown_after_stop}
+        out: dict[str, int | str | None] = {"guard_margin_bytes": w.margin, "working_set_peak_bytes": w.peak}
+        out |= {"grace_bytes": w.grace, "grace_source": self.grace.source, "grace_high_bytes": self.grace_high}
+        rate = None if w.stop_rate is None else int(w.stop_rate)
+        out |= {"stop_working_set_bytes": w.stopped_ws, "stop_rate_bytes_per_s": rate}
+        return out | {"grown_after_stop_bytes": w.grown_after_stop}
 
     def summary(self) -> str | None:
         """What the guard saw, for the exit event's message."""
@@ -174,6 +219,13 @@ def _given_margin(spec: tuple[int | None, float | None], ceiling: int) -> str:
     if size is not None:
         return format_size(size)
     return f"{pct:g}% of the ceiling" if pct is not None else "max(64 MiB, 2% of the ceiling)"
+
+
+def _grace_said(grace: Grace) -> str:
+    if grace.source != "learned":
+        return "grace"
+    cap = ", capped at half of the ceiling less the margin" if grace.capped else ""
+    return "grace learned from earlier stops" + cap
 
 
 def binding_group(report: Report) -> tuple[str | None, int | None]:
@@ -202,10 +254,13 @@ def make_guard(
     pid: int,
     stderr: TextIO,
     fs: CgroupFS | None = None,
+    learning: GraceLearning | None = None,
+    stop_timeout: float | None = None,
 ) -> Guard | None:
     """The guard of one run (*isolated*: the worker's group and its limit), or None when it cannot
     watch anything (said in one line). *fs*: where the kernel's wake-ups are registered (none
-    without it, or with ``kernel_alarm`` off)."""
+    without it, or with ``kernel_alarm`` off); *learning*: the grace learned from earlier stops
+    (``grace.py``; without it, ``--grace-bytes`` alone)."""
     group: str | None
     version: int | None
     ceiling: int | None
@@ -231,19 +286,21 @@ def make_guard(
             f"{format_size(ceiling)}; the guard is off\n"
         )
         return None
+    grace = (learning or GraceLearning(settings.grace)).for_start(ceiling, margin)
     high = isolated is not None and version == 2
-    watch = GuardState(budget, ceiling, margin, set_high=high, stall_limit=settings.stall_limit, grace=settings.grace)
+    watch = GuardState(budget, ceiling, margin, set_high=high, stall_limit=settings.stall_limit, grace=grace.bytes)
     iso = isolated[0] if isolated is not None else None
     alarm = Alarm(root, fs, group, version) if fs is not None and settings.kernel_alarm else None
     guard = Guard(
-        settings, watch, root=root, group=group, version=version, pid=pid, stderr=stderr, isolation=iso, alarm=alarm
-    )
+        settings, watch, root=root, group=group, version=version, pid=pid, stderr=stderr, isolation=iso, alarm=alarm,
+        grace=grace, stop_timeout=stop_timeout,
+    )  # fmt: skip
     sig = signal.Signals(settings.on_pressure).name if settings.on_pressure is not None else "none"
     guard._say(
         f"watching {group} every {settings.interval * 1000:g} ms ({settings.fast_interval * 1000:g} ms above "
         f"{format_size(max(0, watch.near))}): at the budget {format_size(budget)} "
         f"--on-pressure {sig}{', memory.high' if high else ''}; stop at {format_size(watch.stop_line)} "
         f"({format_size(ceiling)} limit - {format_size(margin)} guard margin"
-        + (f" - {format_size(settings.grace)} grace)" if settings.grace else ")")
+        + (f" - {format_size(grace.bytes)} {_grace_said(grace)})" if grace.bytes else ")")
     )
     return guard

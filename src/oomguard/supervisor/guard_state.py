@@ -5,17 +5,22 @@ at the budget (once per crossing, re-armed below 95% of it), at the stop line (c
 margin - grace: a pressure stop), or stalled under memory.high for ``stall_limit`` seconds. After
 a stop it keeps following the working set: ``grown_after_stop`` is how far it rose past the
 working set the stop was decided at, while the worker stopped (its graceful shutdown's cost).
+Given each sample's time, it also keeps the working set's growth rate: the slope over the last
+``RATE_WINDOW`` seconds of samples, which the stop records (``stop_rate``).
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from oomguard.probes.counters import MemorySample
 from oomguard.supervisor.config import NEAR_MARGINS
 from oomguard.units import format_size
 
-__all__ = ["HIGH", "PRESSURE", "REARM_RATIO", "STOP", "GuardState"]
+__all__ = ["HIGH", "PRESSURE", "RATE_WINDOW", "REARM_RATIO", "STOP", "GuardState"]
 
 REARM_RATIO = 0.95
+RATE_WINDOW = 0.5  # seconds of samples the growth rate is the slope of
 PRESSURE, HIGH, STOP = "pressure", "high", "stop"
 
 
@@ -36,14 +41,21 @@ class GuardState:
         self.stop_why: str | None = None  # set once: why the worker is stopped
         self.stopped_ws: int | None = None  # the working set the stop was decided at
         self.after_stop_peak: int | None = None  # the highest working set from the stop on
+        self.stop_rate: float | None = None  # bytes/s the working set grew by at the stop
+        self._recent: deque[tuple[float, int]] = deque()  # (time, working set) of the last RATE_WINDOW s
         self._stall0: float | None = None  # PSI full total at this crossing
 
-    def step(self, s: MemorySample) -> list[str]:
-        """The actions this sample asks for: PRESSURE, HIGH, STOP (each at most once a crossing)."""
+    def step(self, s: MemorySample, now: float | None = None) -> list[str]:
+        """The actions this sample, taken at *now* (seconds; None: no rate), asks for: PRESSURE,
+        HIGH, STOP (each at most once a crossing)."""
         ws = s.working_set
         if ws is None:
             return []
         self.peak = ws if self.peak is None else max(self.peak, ws)
+        if now is not None:
+            self._recent.append((now, ws))
+            while len(self._recent) > 2 and now - self._recent[1][0] >= RATE_WINDOW:
+                self._recent.popleft()
         if self.stop_why is not None:
             self.after_stop_peak = max(self.after_stop_peak or ws, ws)
             return []
@@ -61,8 +73,17 @@ class GuardState:
             )
         if self.stop_why:
             self.stopped_ws = self.after_stop_peak = ws
+            self.stop_rate = self.rate
             return [*actions, STOP]
         return actions
+
+    @property
+    def rate(self) -> float | None:
+        """Bytes/s over the samples of the last RATE_WINDOW seconds (None: fewer than two, or no time)."""
+        if len(self._recent) < 2:
+            return None
+        (t0, w0), (t1, w1) = self._recent[0], self._recent[-1]
+        return (w1 - w0) / (t1 - t0) if t1 > t0 else None
 
     @property
     def grown_after_stop(self) -> int | None:

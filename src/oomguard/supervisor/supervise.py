@@ -52,6 +52,7 @@ from oomguard.supervisor.exits import (
     pressure_stopped,
     shell_status,
 )
+from oomguard.supervisor.grace import GraceLearning
 from oomguard.supervisor.guard import Guard, make_guard
 from oomguard.supervisor.isolate import Isolation, isolation_limit
 from oomguard.supervisor.members import Outside
@@ -108,6 +109,7 @@ class Supervisor:
         self.shape = config.shape  # the shape of the current start: the declared one, or --learned's
         self.learned: dict[str, Any] | None = None  # --learned's decision for the current start
         self.timed_out = False  # SIGKILL followed a stop signal in the current start (--stop-timeout)
+        self.grace = GraceLearning(config.guard.grace if config.guard is not None else 0)
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -179,7 +181,10 @@ class Supervisor:
         isolated = (isolation, limit) if isolation is not None and limit is not None else None
         pid, err = self.child.pid, self.log.stderr
         fs = self.cgroupfs
-        return make_guard(self.cfg.guard, report, budget, isolated=isolated, root=self.root, pid=pid, stderr=err, fs=fs)
+        return make_guard(
+            self.cfg.guard, report, budget, isolated=isolated, root=self.root, pid=pid, stderr=err, fs=fs,
+            learning=self.grace, stop_timeout=self.cfg.stop_timeout,
+        )  # fmt: skip
 
     def _wait(self, watch: OomWatch, peak: TreePeak, guard: Guard | None) -> tuple[int, int | None, float]:
         """Block until the worker exits: (returncode as Popen gives it, ru_maxrss bytes, when it ended)."""
@@ -272,6 +277,9 @@ class Supervisor:
         # nor by the kernel's OOM killer in its shutdown
         finished = verdict.reason == PRESSURE_STOP and not self.timed_out
         common["stop_finished"] = finished if stopped else None
+        if stopped and guard is not None:  # what this stop cost: the next start's grace (grace.py)
+            killed = verdict.reason == OOM_KILL
+            self.grace.learn(guard.watch.grown_after_stop, oom_killed=killed, margin=guard.watch.margin)
         common["outside_bytes"] = outside.bytes if outside is not None else None
         oom = verdict.victim if verdict.reason == OOM_KILL else None
         said = [peak_story(peak, budget, limit, limited_by, source=source, oom=oom, kills=e.kills, unknown=unknown)]

@@ -16,6 +16,8 @@
   ``run --guard --isolate`` wakes the guard, and the exit event says how often.
 - ``--grace-bytes``: a worker whose shutdown after SIGTERM adds 30 % is OOM-killed when stopped
   at the default line, and finishes when the grace moves the line down (20 runs of 20).
+- While the worker stops, with ``--isolate``, ``memory.high`` is lifted from the budget to half a
+  guard margin under the group's limit, so the graceful stop is not throttled past ``--stop-timeout``.
 """
 
 from __future__ import annotations
@@ -199,3 +201,29 @@ def test_grace_bytes_lets_a_graceful_stop_finish_on_v2(group: GroupFactory, even
         assert end["grace_bytes"] == 128 * MiB and 192 * MiB <= end["stop_working_set_bytes"] < 256 * MiB, end
         assert 0.5 * int(grew.read_text()) * MiB <= end["grown_after_stop_bytes"], (grew.read_text(), end)
     assert g.keyed("memory.events")["oom_kill"] == kills  # not one more in the 20 runs
+
+
+# GRACEFUL, then the worker's own group's memory.high as its shutdown ended, written to argv[2].
+GRACEFUL_SAYS_HIGH = (
+    GRACEFUL
+    + "grp = '/sys/fs/cgroup' + open('/proc/self/cgroup').read().split('::')[1].strip()\n"
+    + "open(sys.argv[2], 'w').write(open(grp + '/memory.high').read())\n"
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/pressure/memory"), reason="PSI is off in this kernel (psi=0)")
+def test_memory_high_is_lifted_under_the_ceiling_while_the_worker_stops(events: Path, tmp_path: Path) -> None:
+    """Issue 24, item 1, v2 with --isolate: at the 128 MiB budget the guard sets memory.high there;
+    the worker crawls under it until the stall stop. Left at the budget, memory.high would throttle
+    the graceful stop that follows (30 % more) past --stop-timeout; the guard lifts it to just under
+    the isolated group's 256 MiB limit, half a guard margin (32 MiB) below, and the stop finishes."""
+    grew, high = tmp_path / "grew", tmp_path / "high"
+    cmd = [PYTHON, "-m", "oomguard", "run", "--restart", "never", "--events", str(events), "--isolate", "--guard"]
+    cmd += ["--budget", "128MiB", "--stop-timeout", "10s", "--", PYTHON, "-c", GRACEFUL_SAYS_HIGH, str(grew), str(high)]
+    proc = subprocess.run(cmd, env=oomguard_env(), capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    end = read_events(events)[-1]
+    assert (end["reason"], end["oom_kills"], end["stop_finished"]) == ("pressure-stop", 0, True), proc.stderr
+    assert "stalled 10s on memory under memory.high 128 MiB" in end["message"]
+    assert end["grace_high_bytes"] == 224 * MiB and int(high.read_text()) == 224 * MiB, (end, high.read_text())
+    assert int(grew.read_text()) > 0 and "set to 224 MiB while the worker stops" in proc.stderr
