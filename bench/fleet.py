@@ -2,21 +2,23 @@
 declared sizes, the Kubernetes VPA's rule and Google Autopilot's moving window, side by side in
 one run on the same jobs.
 
-The fleet: ``--nodes`` nodes (200) in 4 classes of node, each node running one of 10 profiles
-(the node's, for the whole run), one run after another, each run ``RUN_MIN`` (20) minutes. A run
-gets a per-job size S from its policy and runs C = min(max_jobs, (limit - baseline) // S) jobs at
-once (0: the node cannot run the profile; counted). Each job's real peak is drawn from its
-(profile, class)'s distribution: lognormal around the declared size times a factor of the pair
-(``TRUTH``: from 0.7 to 1.3, so some classes are over-declared and some under), sigma 0.15, and
-1 % of jobs at twice that (the heavy tail). The peaks are taken to coincide, the worst case: the
-run is OOM-killed by the kernel when baseline + the sum of its jobs' peaks passes the limit. A
-killed run completes no job and counts one OOM kill. Baselines are as declared.
+The fleet: ``--nodes`` nodes (200) in 4 classes of node, each node running one of 10 profiles (the
+node's, for the whole run), one run after another, each run ``RUN_MIN`` (20) minutes. A run gets a
+per-job size S and a baseline B from its policy and runs C = min(max_jobs, (limit - B) // S) jobs
+at once (0: the node cannot run the profile; counted). B is the declared baseline, but for the
+manager the baseline it recommends, as ``plan --learned --learned-may-lower`` plans. Each job's
+real peak is drawn from its (profile, class)'s distribution: lognormal around the declared size
+times a factor of the pair (``TRUTH``: from 0.7 to 1.3, so some classes are over-declared and some
+under), sigma 0.15, and 1 % of jobs at twice that (the heavy tail). The peaks are taken to
+coincide, the worst case: the run is OOM-killed by the kernel when baseline + the sum of its jobs'
+peaks passes the limit. A killed run completes no job and counts one OOM kill. Real baselines are
+as declared.
 
 What each policy learns from a run is what ``run --profile`` would measure: the group's peak rise
 over the baseline divided by the concurrency (the mean of the jobs' peaks), and for a killed run
 the size it had reached, (limit - baseline) / C. Ours sends it to the real manager (in process,
 a real SQLite file, ``POST /api/v1/observations`` with the node's class) and asks ``GET
-/api/v1/profiles/P/recommendation?node=N`` before each run; lowering below the declared size is
+/api/v1/profiles/P/recommendation?node=N&budget_bytes=LIMIT`` before each run; lowering below the declared size is
 allowed for every learning policy. The others are reimplemented here, per profile over the
 fleet (neither knows classes of node):
 
@@ -49,7 +51,7 @@ more than they use (the median ratio is about 0.13), so static sizes look worse 
 default model, whose factors are 0.7-1.3.
 
 Usage: python bench/fleet.py [--nodes 200] [--rounds 72] [--seed 23] [--trace lognormal|alibaba]
-[--trace-instances 400000]
+[--trace-instances 400000] [--no-budget] [--spread-min-jobs N]
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, Clock, local_client, make_store  # noqa: E402
 
+from oomguard.manager import learning  # noqa: E402
 from oomguard.manager.app import create_app  # noqa: E402
 from oomguard.manager.db import migrate  # noqa: E402
 from oomguard.manager.settings import Settings  # noqa: E402
@@ -229,9 +232,9 @@ class Learner:
     oom_bump: bool
     samples: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
 
-    def size(self, profile: Profile, node: str, cls: str, now: int) -> int:
+    def size(self, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
         p = decayed_percentile(self.samples[profile.name], now, self.half_life_ms, self.q)
-        return profile.per_job if p is None else math.ceil(p * (1 + self.margin))
+        return (profile.per_job if p is None else math.ceil(p * (1 + self.margin))), profile.baseline
 
     def learn(self, run: Run) -> None:
         peak = run.peak
@@ -241,8 +244,8 @@ class Learner:
 
 
 class Static:
-    def size(self, profile: Profile, node: str, cls: str, now: int) -> int:
-        return profile.per_job
+    def size(self, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
+        return profile.per_job, profile.baseline
 
     def learn(self, run: Run) -> None:
         pass
@@ -251,16 +254,20 @@ class Static:
 class Ours:
     """The real manager: observations in, recommendations out, over its HTTP API in process."""
 
-    def __init__(self, client: Any, clock: Clock) -> None:
-        self.client, self.clock = client, clock
+    def __init__(self, client: Any, clock: Clock, *, budget: bool = True) -> None:
+        self.client, self.clock, self.budget = client, clock, budget
         self.calls = 0
 
-    def size(self, profile: Profile, node: str, cls: str, now: int) -> int:
+    def size(self, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
         self.clock.t = now
-        r = self.client.get(f"/api/v1/profiles/{profile.name}/recommendation", params={"node": node}, headers=VIEWER_H)
+        params: dict[str, Any] = {"node": node}
+        if self.budget:
+            params["budget_bytes"] = CLASSES[cls]  # the run's budget: the node's limit
+        r = self.client.get(f"/api/v1/profiles/{profile.name}/recommendation", params=params, headers=VIEWER_H)
         assert r.status_code == 200, r.text
-        learned = r.json()["per_job_bytes"]
-        return profile.per_job if learned is None else int(learned)
+        answer = r.json()
+        learned, base = answer["per_job_bytes"], answer["baseline_bytes"]
+        return (profile.per_job if learned is None else int(learned)), (profile.baseline if base is None else int(base))
 
     def first(self, profile: Profile, cls: str) -> int | None:
         r = self.client.get(
@@ -303,6 +310,9 @@ class Tally:
     reserved: float = 0.0  # reservation bytes x minutes, completed runs
     last_oom_round: int = -1
     per_pair_completed: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    class_used: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # as used, a class's
+    class_reserved: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    class_ooms: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     first_oom: dict[tuple[str, str], int] = field(default_factory=dict)  # the run of each pair's first
     later_ooms: int = 0  # kills in a later run than their pair's first: the lesson was there to learn
 
@@ -313,14 +323,15 @@ def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world
     for r in range(rounds):
         now = START_MS + r * RUN_MIN * 60_000
         for node, cls, profile in fleet:
-            room = CLASSES[cls] - profile.baseline
+            room = CLASSES[cls] - profile.baseline  # the real room: the real baseline's
             job_rng = random.Random(f"{seed}-{node}-{r}")
             pair = (profile.name, cls)
             peaks = [world.peak(job_rng, pair, profile.per_job) for _ in range(profile.max_jobs)]  # every policy's
             for name, policy in policies.items():
                 t = tallies[name]
-                size = max(1, policy.size(profile, node, cls, now))
-                jobs = min(profile.max_jobs, room // size)
+                size, base = policy.size(profile, node, cls, now)
+                size = max(1, size)
+                jobs = min(profile.max_jobs, max(0, CLASSES[cls] - base) // size)
                 if jobs <= 0:
                     t.cannot_run += 1
                     continue
@@ -329,6 +340,7 @@ def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world
                 killed = sum(mine) > room
                 if killed:
                     t.ooms += 1
+                    t.class_ooms[cls] += 1
                     t.last_oom_round = r
                     first = t.first_oom.setdefault((profile.name, cls), r)
                     t.later_ooms += r > first
@@ -338,6 +350,8 @@ def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world
                 t.per_pair_completed[(profile.name, cls)] += jobs
                 t.used += sum(mine) * RUN_MIN
                 t.reserved += jobs * size * RUN_MIN
+                t.class_used[cls] += sum(mine) * RUN_MIN
+                t.class_reserved[cls] += jobs * size * RUN_MIN
                 policy.learn(Run(profile, node, cls, now, size, sum(mine) // jobs, False, jobs))
     return tallies
 
@@ -349,11 +363,22 @@ def options() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=23)
     parser.add_argument("--trace", choices=("lognormal", "alibaba"), default="lognormal", help="the jobs' peaks")
     parser.add_argument("--trace-instances", type=int, default=400_000, help="--trace alibaba: instances read")
+    parser.add_argument(
+        "--no-budget", action="store_true", help="the manager asked without budget_bytes: its percentile rule alone"
+    )
+    parser.add_argument(
+        "--spread-min-jobs",
+        type=int,
+        metavar="N",
+        help=f"the fewest jobs a run that the manager sizes together (default {learning.SPREAD_MIN_JOBS})",
+    )
     return parser.parse_args()
 
 
 def main() -> None:
     opts = options()
+    if opts.spread_min_jobs is not None:
+        learning.SPREAD_MIN_JOBS = opts.spread_min_jobs  # the manager runs in this process
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{d}/fleet.db"
         migrate(url)
@@ -361,7 +386,7 @@ def main() -> None:
         store = make_store(url, clock)
         settings = Settings(db_url=url, agent_token="agent-secret-token", viewer_token=VIEWER)
         with local_client(create_app(settings, store)) as client:
-            ours = Ours(client, clock)
+            ours = Ours(client, clock, budget=not opts.no_budget)
             policies = {
                 "static (declared)": Static(),
                 "VPA (P90+15%, x1.2)": Learner(0.90, 0.15, 24 * HOUR_MS, oom_bump=True),
@@ -396,6 +421,12 @@ def report(tallies: dict[str, Tally], world: Any, opts: argparse.Namespace) -> N
             "on the over-declared), "
             f"last OOM kill in run {t.last_oom_round + 1}, runs that could not start {t.cannot_run}"
         )
+        by_class = ", ".join(
+            f"{c} {1 - t.class_used[c] / t.class_reserved[c]:.1%} ({t.class_ooms[c]} kills)"
+            for c in CLASSES
+            if t.class_reserved[c]
+        )
+        print(f"  {'':<22} slack by class of node: {by_class}")
 
 
 def cold_start(ours: Ours, world: Any) -> None:

@@ -212,6 +212,8 @@ def test_plan_takes_the_learned_size_keeps_it_and_plans_with_it_offline(
             "--manager", server.url, "--token", AGENT, "--node", "w1", "--spool", str(spool),
         )  # fmt: skip
         assert f"learned    learned {learned / MiB:.3g} MiB per job (3 sample(s), node)" in text.stdout, text.stdout
+        kept = json.loads((spool / "learned" / "tiny.json").read_text())  # the budget went with the question
+        assert kept["answer"]["budget_bytes"] == 1 << 30, kept
         # The API a worker sizing its own MemoryBudget reservations calls: the same answer.
         api_shape, api = oomguard.learned_shape(
             SHAPE, manager=server.url, token=AGENT, node="w1", spool=str(tmp_path / "spool-api")

@@ -19,11 +19,16 @@ from oomguard.manager.bodies import CLASS_PATTERN
 from oomguard.manager.learning import (
     HALF_LIFE_MS,
     MARGIN,
+    MIN_PER_JOB,
     OOM_BUMP,
+    RUN_Z,
+    SPREAD_MIN,
     WINDOW_MS,
     Sample,
     derive_class,
+    per_run_size,
     recommend,
+    spread_bound,
     weight,
     weighted_percentile,
 )
@@ -200,6 +205,96 @@ def test_any_samples_give_an_answer_above_every_failure_in_the_class(
     assert r.explanation
 
 
+# -- the size for a budget: a run's jobs add up -------------------------------------------------------
+
+
+def test_the_spread_bound_is_the_chi_square_upper_bound() -> None:
+    """sqrt(k / chi2_0.05(k)), k = n - 1: chi2_0.05(14) = 6.571 and chi2_0.05(35) = 22.465 in the
+    tables (NIST/SEMATECH e-Handbook, 1.3.6.7.4), so 1.4597 and 1.2482; never below 1, falling."""
+    assert spread_bound(15) == pytest.approx(math.sqrt(14 / 6.571), rel=2e-3)
+    assert spread_bound(36) == pytest.approx(math.sqrt(35 / 22.465), rel=2e-3)
+    bounds = [spread_bound(n) for n in (2, 3, 5, 10, 30, 100, 1000, 10**6)]
+    assert bounds == sorted(bounds, reverse=True) and bounds[-1] >= 1 and bounds[0] <= 10
+
+
+def test_a_run_of_many_jobs_keeps_room_for_their_sum_not_for_each_one() -> None:
+    """20 runs of 16 jobs, their means 9.75 and 10.25 GiB: the jobs' spread is sqrt(16) x 0.25 GiB
+    = 1 GiB (x 1.38, its upper bound at 20 samples). In 1000 GiB of room the most jobs with RUN_Z
+    spreads of their sum free: 94, more than the P98 rule's 1000 / (10.25 x 1.1) = 88, fewer than
+    the 100 of the mean alone."""
+    runs = [sample(node=f"n{i}", peak=(9 * GiB + 3 * GiB // 4 if i % 2 else 10 * GiB + GiB // 4), concurrency=16)
+            for i in range(20)]  # fmt: skip
+    weighted = [(s, 1.0) for s in runs]
+    sized = per_run_size(weighted, 1000 * GiB)
+    assert sized is not None
+    size, jobs, mean, spread = sized
+    assert mean == 10 * GiB and spread == pytest.approx(GiB * spread_bound(20))
+    assert jobs * mean + RUN_Z * spread * math.sqrt(jobs) <= 1000 * GiB
+    assert (jobs + 1) * mean + RUN_Z * spread * math.sqrt(jobs + 1) > 1000 * GiB
+    assert 1000 * GiB // size == jobs and 88 < jobs < 100
+    assert per_run_size(weighted[: SPREAD_MIN - 1], 1000 * GiB) is None  # too few samples
+    assert per_run_size(weighted, 60 * GiB) is None  # 5 jobs: the percentile rule's
+    killed = [(sample(node=f"k{i}", peak=GiB, outcome="oom-kill", concurrency=16), 1.0) for i in range(20)]
+    assert per_run_size([*weighted, *killed], 1000 * GiB) == sized  # a failed run's peak is only a lower bound
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**40), st.integers(1, 128), st.sampled_from(["ok", "oom-kill"]), st.floats(0, 1)),
+        max_size=40,
+    ),
+    st.integers(-(2**40), 2**50),
+)
+def test_any_samples_size_a_run_that_fits_or_say_they_cannot(
+    runs: list[tuple[int, int, str, float]], room: int
+) -> None:
+    weighted = [(sample(peak=p, concurrency=n, outcome=o), w) for p, n, o, w in runs]
+    sized = per_run_size(weighted, room)
+    if sized is not None:
+        size, jobs, mean, spread = sized
+        assert room // size == jobs and jobs * mean + RUN_Z * spread * math.sqrt(jobs) <= room * (1 + 1e-9)
+
+
+def test_with_a_budget_the_class_sizes_its_runs_and_a_kill_s_floor_is_released_after_ten_good_runs() -> None:
+    """A class's runs of 40 jobs of 10 +- 0.1 GiB (a 0.63 GiB spread per job) and one kill at 9 GiB a
+    job: with no budget, the floor (1.3 x the kill's 10.5 GiB peak) stands; for a 480 GiB budget
+    the floor holds until 10 runs have ended well since the kill, then is released: the spread is
+    known, and the run's size is below the percentile rule's."""
+
+    def runs(n: int, ago: int, wobble: int) -> list[Sample]:
+        return [sample(node=f"n{i}", ago_ms=ago, peak=(10 * GiB + wobble * (-1) ** i), concurrency=40)
+                for i in range(n)]  # fmt: skip
+
+    kill = sample(node="k", ago_ms=3_600_000, declared_per_job=9 * GiB, peak=10 * GiB + GiB // 2, outcome="oom-kill")
+    floor = math.ceil((10 * GiB + GiB // 2) * OOM_BUMP)
+    before, after = runs(12, 7_200_000, GiB // 10), runs(9, 0, GiB // 10)
+    plain = recommend(NOW, "new", "c1", [*before, kill, *after], iso_ms)
+    assert plain.per_job_bytes == plain.floor_bytes == floor
+    held = recommend(NOW, "new", "c1", [*before, kill, *after], iso_ms, budget=480 * GiB)
+    assert held.per_job_bytes == held.floor_bytes == floor  # 9 good runs since the kill: the floor holds
+    assert any("class c1's mean per-job peak" in line for line in held.explanation)
+    tenth = sample(node="n9", peak=10 * GiB, concurrency=40)
+    released = recommend(NOW, "new", "c1", [*before, kill, *after, tenth], iso_ms, budget=480 * GiB)
+    assert any("is released: 10 runs ended well since" in line for line in released.explanation)
+    size = released.per_job_bytes
+    assert size is not None and size < math.ceil((10 * GiB + GiB // 10) * (1 + MARGIN)) < floor
+    room = 480 * GiB - (released.baseline_bytes or 0)
+    jobs = room // size
+    assert jobs > 40 and jobs * 10 * GiB + RUN_Z * math.sqrt(40) * GiB / 10 * math.sqrt(jobs) <= room
+    # Runs of 10 +- 0.5 GiB: the sum of 34 jobs keeps 4 spreads free at a size above the
+    # percentile rule's, which stands, and the floor set against it stands as well.
+    wide = [*runs(12, 7_200_000, GiB // 2), kill, *runs(10, 0, GiB // 2)]
+    stands = recommend(NOW, "new", "c1", wide, iso_ms, budget=480 * GiB)
+    assert stands.per_job_bytes == stands.floor_bytes == floor
+    assert any(
+        "34 jobs with 4 spreads x sqrt(34) free" in line and "which stands" in line for line in stands.explanation
+    )
+    assert not any("is released" in line for line in stands.explanation)
+    tiny = recommend(NOW, "new", "c1", before, iso_ms, budget=GiB)  # no room after the baseline
+    assert tiny.per_job_bytes == math.ceil((10 * GiB + GiB // 10) * (1 + MARGIN)) >= MIN_PER_JOB
+    assert any("no scope with 10 samples" in line for line in tiny.explanation)
+
+
 # -- through the API ---------------------------------------------------------------------------------
 
 
@@ -325,6 +420,19 @@ def test_the_routes_need_their_tokens_and_check_their_parameters(db_url: str) ->
         assert c.get("/api/v1/profiles/p/recommendation").status_code == 401
         assert c.get("/api/v1/profiles/p/recommendation", params={"node": "a b"}, headers=VIEWER_H).status_code == 422
         assert c.get("/api/v1/profiles/p%00/recommendation", headers=VIEWER_H).status_code == 422
+
+
+def test_a_budget_sizes_the_run_through_the_api_and_a_bad_one_is_a_422(db_url: str) -> None:
+    with app_of(db_url, make_store(db_url, Clock(NOW))) as c:
+        for i in range(12):
+            observe(c, f"b{i}", node_class="big", peak_per_job_bytes=10 * GiB + (GiB // 8) * (-1) ** i, concurrency=40)
+        plain, sized = advice(c, node="b0"), advice(c, node="b0", budget_bytes=str(640 * GiB))
+        assert (plain["budget_bytes"], sized["budget_bytes"]) == (None, 640 * GiB)
+        assert sized["source"] == "class" and sized["per_job_bytes"] < plain["per_job_bytes"]
+        assert any("spreads x sqrt(" in line for line in sized["explanation"])
+        for bad in ("0", "-1", str(2**63), "10GiB"):
+            r = c.get("/api/v1/profiles/cuzk-porep/recommendation", params={"budget_bytes": bad}, headers=VIEWER_H)
+            assert r.status_code == 422, (bad, r.text)
 
 
 def test_the_operators_class_of_node_comes_from_its_node_class_label(db_url: str) -> None:

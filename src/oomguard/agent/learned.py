@@ -58,10 +58,20 @@ def cache_path(spool: str, profile: str) -> str:
 
 
 def ask(
-    manager: str, token: str, profile: str, node: str | None, *, timeout: float, node_class: str | None = None
+    manager: str,
+    token: str,
+    profile: str,
+    node: str | None,
+    *,
+    timeout: float,
+    node_class: str | None = None,
+    budget: int | None = None,
 ) -> tuple[object, str | None]:
-    """(the parsed JSON answer, None) or (None, why not) from one GET."""
-    params = {k: v for k, v in (("node", node), ("node_class", node_class)) if v}
+    """(the parsed JSON answer, None) or (None, why not) from one GET; *budget*: the run's, so the
+    manager can size the run's jobs together (docs/manager.md)."""
+    sent = budget if isinstance(budget, int) and 0 < budget < 2**63 else None
+    pairs = (("node", node), ("node_class", node_class), ("budget_bytes", None if sent is None else str(sent)))
+    params = {k: v for k, v in pairs if v}
     query = "" if not params else "?" + urllib.parse.urlencode(params)
     url = f"{check_manager(manager)}/api/v1/profiles/{urllib.parse.quote(profile)}/recommendation{query}"
     headers = {"Accept": "application/json", "User-Agent": f"oomguard-agent/{__version__}"}
@@ -121,13 +131,14 @@ def fetch(
     *,
     timeout: float = 5.0,
     node_class: str | None = None,
+    budget: int | None = None,
 ) -> Fetched:
     """The manager's answer for *profile* on *node* of *node_class* (None: the class the manager
-    knows the node by), kept on disk under *spool*; else the answer kept from before, else none.
-    ``BadParameter`` only for a bad URL or token (the caller's flags)."""
+    knows the node by) for a run of *budget* bytes, kept on disk under *spool*; else the answer
+    kept from before, else none. ``BadParameter`` only for a bad URL or token (the caller's flags)."""
     if not is_valid_profile_name(profile):
         return Fetched(None, "none", unreached=f"the profile name {profile!r} is not one the manager takes"[:160])
-    raw, why = ask(manager, token, profile, node, timeout=timeout, node_class=node_class)
+    raw, why = ask(manager, token, profile, node, timeout=timeout, node_class=node_class, budget=budget)
     path = cache_path(spool, profile)
     if why is None:
         answer = parse_answer(raw)
@@ -189,7 +200,8 @@ def learned_shape(
     *token* defaults to ``OOMGUARD_AGENT_TOKEN``, *node* to the agent's default name, *spool* to the
     agent's spool directory (where the last answer is kept), *node_class* to ``OOMGUARD_NODE_CLASS``
     (else the class the manager knows the node by), *report* to a fresh ``probe()`` (its ceiling
-    bounds the learned size). ``BadParameter`` for a bad *manager* or *token*, ``ValueError``
+    bounds the learned size, and its budget goes to the manager, which may size the run's jobs
+    together for it). ``BadParameter`` for a bad *manager* or *token*, ``ValueError``
     for a shape without a profile; the network and the disk never raise (the decision says)."""
     if shape.profile is None:
         raise ValueError("learned_shape needs a shape with a profile (Shape(..., profile=NAME))")
@@ -198,9 +210,11 @@ def learned_shape(
         from oomguard.policy.budget import probe
 
         report = probe()
+    budget = report["budget"]["bytes"]  # the run's: the manager sizes its jobs together
     got = fetch(
-        check_manager(manager), check_token(token), shape.profile, node, spool, timeout=timeout, node_class=node_class
-    )
+        check_manager(manager), check_token(token), shape.profile, node, spool, timeout=timeout,
+        node_class=node_class, budget=budget if isinstance(budget, int) else None,
+    )  # fmt: skip
     return apply(
         shape,
         got.answer,

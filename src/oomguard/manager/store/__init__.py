@@ -212,10 +212,13 @@ class Store:
             kept = {"as_of": iso_ms(kept["computed_ms"]), "age_s": kept["age_s"], "took_s": kept["took_s"]}
         return {**value, "kept": kept}
 
-    def recommendation(self, profile: str, node: str | None = None, node_class: str | None = None) -> dict[str, Any]:
-        """What the fleet has learned of *profile* for *node* of *node_class* (``learned``)."""
+    def recommendation(
+        self, profile: str, node: str | None = None, node_class: str | None = None, budget: int | None = None
+    ) -> dict[str, Any]:
+        """What the fleet has learned of *profile* for *node* of *node_class*, for a run of *budget*
+        bytes (``learned``)."""
         with self.engine.connect() as conn:
-            return learned.recommendation(conn, self.clock(), profile, node, node_class)
+            return learned.recommendation(conn, self.clock(), profile, node, node_class, budget=budget)
 
     def profiles_index(self) -> list[dict[str, Any]]:
         """The profiles observed in the window, the most observed first (``profiles``)."""

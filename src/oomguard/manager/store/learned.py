@@ -129,10 +129,11 @@ def node_class_of(conn: Connection, profile: str, node_id: int) -> str | None:
 
 
 def recommendation(
-    conn: Connection, now: int, profile: str, node: str | None, node_class: str | None
+    conn: Connection, now: int, profile: str, node: str | None, node_class: str | None, *, budget: int | None = None
 ) -> dict[str, Any]:
     """The recommendation of *profile* for *node* (or None: no node, the class's or the fleet's),
-    of *node_class* (None: the node's), as the API answers it."""
+    of *node_class* (None: the node's), for a run of *budget* bytes (None: any), as the API
+    answers it."""
     node_id = None if node is None else conn.execute(select(nodes.c.id).where(nodes.c.name == node)).scalar()
     if node_class is None and node_id is not None:
         node_class = node_class_of(conn, profile, int(node_id))
@@ -142,12 +143,13 @@ def recommendation(
         found = found | _scope(conn, fleet, since, profile=profile, node=(int(node_id), node))
     if node_class is not None:
         found = found | _scope(conn, fleet, since, profile=profile, node_class=node_class)
-    answer = learning.recommend(now, node, node_class, list(found.values()), iso_ms)
+    answer = learning.recommend(now, node, node_class, list(found.values()), iso_ms, budget=budget)
     return {
         "profile": profile,
         "node": node,
         "node_known": node_id is not None,
         "node_class": node_class,
+        "budget_bytes": budget,
         **answer.as_json(iso_ms),
     }
 

@@ -46,6 +46,7 @@ from oomguard.manager.web.deps import (
 )
 from oomguard.manager.web.metrics import render_metrics
 from oomguard.nodes import NODE_PATTERN, PROFILE_PATTERN
+from oomguard.units import MAX_SIZE
 
 HEALTH_TIMEOUT_S = 2.0
 NO_NUL = r"^[^\x00]*$"
@@ -126,18 +127,21 @@ async def get_recommendation(
     profile: Annotated[str, Path(pattern=PROFILE_PATTERN, max_length=128)],
     node: Annotated[str | None, Query(pattern=NODE_PATTERN, max_length=128)] = None,
     node_class: Annotated[str | None, Query(pattern=CLASS_PATTERN, max_length=64)] = None,
+    budget_bytes: Annotated[int | None, Query(ge=1, le=MAX_SIZE)] = None,
 ) -> dict[str, Any]:
     """The size to plan *profile*'s jobs at on *node* (of *node_class*: default the node's): the
     node's own samples, else its class's, else the fleet's, else the size declared (``source``),
     with the floor an OOM kill or pressure stop raised, the samples and rule it came from
-    (``explanation``) and its ``confidence``. A reader's token (or session) asks for any node; an
+    (``explanation``) and its ``confidence``. With *budget_bytes* (the run's budget), the size
+    that fits the most jobs whose summed peaks keep ``learning.RUN_Z`` standard deviations under it, where the
+    node's or its class's samples allow (docs/manager.md). A reader's token (or session) asks for any node; an
     agent's for its own (``plan --learned``, ``run --learned``): a node's token for that node
     only (the default *node*), 403 for another."""
     if credential is not None and credential.node is not None:
         if node is not None and node != credential.node:
             raise HTTPException(403, OTHER_NODE_READ)
         node = credential.node
-    return await db_read(request, store.recommendation, profile, node, node_class)
+    return await db_read(request, store.recommendation, profile, node, node_class, budget_bytes)
 
 
 @reads.get("/api/v1/nodes")

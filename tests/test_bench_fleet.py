@@ -1,0 +1,81 @@
+"""bench/fleet.py's fleet: a run plans with the baseline its policy gives (the manager's
+recommended one, as ``plan --learned --learned-may-lower`` does) but is killed by the real one,
+and the whole bench runs small against the real manager, with and without the size for a budget."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.conftest import REPO
+
+GiB = 1 << 30
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_fleet", REPO / "bench" / "fleet.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+fleet = _bench()
+
+
+@dataclass
+class Fixed:
+    """A policy with one size and baseline for every run; it keeps what it is told."""
+
+    per_job: int
+    baseline: int
+    runs: list[Any] = field(default_factory=list)
+
+    def size(self, profile: Any, node: str, cls: str, now: int) -> tuple[int, int]:
+        return self.per_job, self.baseline
+
+    def learn(self, run: Any) -> None:
+        self.runs.append(run)
+
+
+class Exact:
+    """Every job at its declared size: a run's sum is what its plan reserved."""
+
+    def peak(self, rng: Any, pair: Any, declared: int) -> int:
+        return declared
+
+
+def test_a_run_plans_with_its_policys_baseline_and_is_killed_by_the_real_one() -> None:
+    """One node of the 480 GiB class runs p0 (4 GiB jobs, a 2 GiB baseline). Planned with the real
+    baseline, 119 jobs of 4 GiB fit in 478 GiB; planned with none, the run takes 120 jobs (480 GiB)
+    and the kernel kills it; planned with one 10 GiB larger, 117 jobs."""
+    profile = fleet.PROFILES[0]
+    assert (profile.per_job, profile.baseline, fleet.CLASSES["h100-512g"]) == (4 * GiB, 2 * GiB, 480 * GiB)
+    exact = Fixed(4 * GiB, profile.baseline)
+    low, high = Fixed(4 * GiB, 0), Fixed(4 * GiB, profile.baseline + 10 * GiB)
+    tallies = fleet.simulate({"exact": exact, "low": low, "high": high}, 1, 2, 1, Exact())
+    assert [r.jobs for r in exact.runs] == [119, 119] and tallies["exact"].ooms == 0
+    assert [(r.jobs, r.killed) for r in low.runs] == [(120, True), (120, True)] and tallies["low"].ooms == 2
+    assert tallies["low"].later_ooms == 1  # the second is after the pair's first
+    assert [r.jobs for r in high.runs] == [117, 117] and tallies["high"].completed == 234
+
+
+def test_the_bench_runs_small_against_the_real_manager_with_and_without_the_budget() -> None:
+    lines = {}
+    for flag in ("", "--no-budget"):
+        out = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "fleet.py"), "--nodes", "16", "--rounds", "20", *flag.split()],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout
+        manager = [line for line in out.splitlines() if line.strip().startswith("oomguard manager")]
+        assert len(manager) == 1, out
+        assert "slack by class of node: h100-512g" in out and "a new node of a known class" in out, out
+        lines[flag] = manager[0]
+    assert lines[""] != lines["--no-budget"], lines  # the budget changed the manager's sizes
