@@ -423,13 +423,28 @@ def test_the_routes_need_their_tokens_and_check_their_parameters(db_url: str) ->
 
 
 def test_a_budget_sizes_the_run_through_the_api_and_a_bad_one_is_a_422(db_url: str) -> None:
-    with app_of(db_url, make_store(db_url, Clock(NOW))) as c:
+    """And the profile page's jobs with the recommendation are what each node's budget is told."""
+    from oomguard.manager.store.profiles import jobs_at
+    from tests.manager_helpers import fixture_report
+
+    store = make_store(db_url, Clock(NOW))
+    with app_of(db_url, store) as c:
         for i in range(12):
             observe(c, f"b{i}", node_class="big", peak_per_job_bytes=10 * GiB + (GiB // 8) * (-1) ** i, concurrency=40)
         plain, sized = advice(c, node="b0"), advice(c, node="b0", budget_bytes=str(640 * GiB))
         assert (plain["budget_bytes"], sized["budget_bytes"]) == (None, 640 * GiB)
         assert sized["source"] == "class" and sized["per_job_bytes"] < plain["per_job_bytes"]
         assert any("spreads x sqrt(" in line for line in sized["explanation"])
+        report = fixture_report(budget="640GiB")
+        for i in range(11):  # b11 reports no budget
+            assert ingest(store, f"b{i}", report=report)
+        view = store.profile_view("cuzk-porep")
+        assert view is not None
+        (big,) = [row for row in view["classes"] if row["node_class"] == "big"]
+        told = jobs_at(640 * GiB, sized["per_job_bytes"], sized["baseline_bytes"])
+        at_plain = jobs_at(640 * GiB, plain["per_job_bytes"], plain["baseline_bytes"])
+        assert told is not None and at_plain is not None and told > at_plain
+        assert (big["jobs_learned"], big["nodes_counted"], big["nodes_without_budget"]) == (11 * told, 11, 1)
         for bad in ("0", "-1", str(2**63), "10GiB"):
             r = c.get("/api/v1/profiles/cuzk-porep/recommendation", params={"budget_bytes": bad}, headers=VIEWER_H)
             assert r.status_code == 422, (bad, r.text)

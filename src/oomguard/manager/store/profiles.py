@@ -9,8 +9,10 @@ applying the recommendation changes.
   its failures and its nodes.
 - **What applying it changes**: for each node that ran the profile and has a budget, the jobs that
   fit at the newest declared size, ``floor((budget - baseline) / per_job)`` (0 when the baseline
-  does not fit), against the jobs at its class's recommended size and baseline; summed per class
-  and over the fleet. A node without a known budget counts in neither sum and is said.
+  does not fit), against the jobs at what its class tells a new node of that budget (the size and
+  baseline of ``learning.recommend`` with ``budget``: what ``plan --learned`` there would get);
+  summed per class and over the fleet. A node without a known budget counts in neither sum and
+  is said.
 """
 
 from __future__ import annotations
@@ -75,10 +77,17 @@ def profile_view(conn: Connection, now: int, profile: str) -> dict[str, Any] | N
     for node_class in sorted({s.node_class for s in samples}):
         mine = [s for s in samples if s.node_class == node_class]
         answer = learning.recommend(now, None, node_class, samples, iso_ms)
+        for_budget: dict[int, learning.Recommendation] = {}  # the nodes of a class share a few budgets
         today = learned = counted = unknown = 0
         for node in sorted({s.node for s in mine}):
-            before = jobs_at(budgets.get(node), newest.declared_per_job, newest.declared_baseline)
-            after = jobs_at(budgets.get(node), answer.per_job_bytes, answer.baseline_bytes)
+            budget = budgets.get(node)
+            before = jobs_at(budget, newest.declared_per_job, newest.declared_baseline)
+            told = answer
+            if budget is not None:
+                if budget not in for_budget:
+                    for_budget[budget] = learning.recommend(now, None, node_class, samples, iso_ms, budget=budget)
+                told = for_budget[budget]
+            after = jobs_at(budget, told.per_job_bytes, told.baseline_bytes)
             if before is None or after is None:
                 unknown += 1
                 continue
