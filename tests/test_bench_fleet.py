@@ -77,5 +77,6 @@ def test_the_bench_runs_small_against_the_real_manager_with_and_without_the_budg
         manager = [line for line in out.splitlines() if line.strip().startswith("oomguard manager")]
         assert len(manager) == 1, out
         assert "slack by class of node: h100-512g" in out and "a new node of a known class" in out, out
+        assert "a new node of each (profile, class) run, 3 runs: OOM kills " in out, out
         lines[flag] = manager[0]
     assert lines[""] != lines["--no-budget"], lines  # the budget changed the manager's sizes
