@@ -282,13 +282,18 @@ def test_with_a_budget_the_class_sizes_its_runs_and_a_kill_s_floor_is_released_a
     jobs = room // size
     assert jobs > 40 and jobs * 10 * GiB + RUN_Z * math.sqrt(40) * GiB / 10 * math.sqrt(jobs) <= room
     # Runs of 10 +- 0.5 GiB: the sum of 34 jobs keeps 4 spreads free at a size above the
-    # percentile rule's, which stands, and the floor set against it stands as well.
-    wide = [*runs(12, 7_200_000, GiB // 2), kill, *runs(10, 0, GiB // 2)]
-    stands = recommend(NOW, "new", "c1", wide, iso_ms, budget=480 * GiB)
-    assert stands.per_job_bytes == stands.floor_bytes == floor
+    # percentile rule's, and the larger is taken; the floor a kill set then stays.
+    wide = [*runs(12, 7_200_000, GiB // 2), *runs(10, 0, GiB // 2)]
+    percentile = recommend(NOW, "new", "c1", wide, iso_ms).per_job_bytes
+    larger = recommend(NOW, "new", "c1", wide, iso_ms, budget=480 * GiB)
+    assert larger.per_job_bytes is not None and percentile is not None and larger.per_job_bytes > percentile
+    assert (480 * GiB - (larger.baseline_bytes or 0)) // larger.per_job_bytes == 34
     assert any(
-        "34 jobs with 4 spreads x sqrt(34) free" in line and "which stands" in line for line in stands.explanation
+        "34 jobs with 4 spreads x sqrt(34) free" in line and "the larger is taken" in line
+        for line in larger.explanation
     )
+    stands = recommend(NOW, "new", "c1", [*wide, kill], iso_ms, budget=480 * GiB)
+    assert larger.per_job_bytes < floor and stands.per_job_bytes == stands.floor_bytes == floor
     assert not any("is released" in line for line in stands.explanation)
     tiny = recommend(NOW, "new", "c1", before, iso_ms, budget=GiB)  # no room after the baseline
     assert tiny.per_job_bytes == math.ceil((10 * GiB + GiB // 10) * (1 + MARGIN)) >= MIN_PER_JOB
