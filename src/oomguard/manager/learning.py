@@ -32,9 +32,9 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   many jobs, larger where the runs are wide. Where it is the smaller, the class's floor is
   released once ``SPREAD_MIN`` runs have ended well since the failure that set it: the spread
   then measures the jobs. ``bench/fleet.py`` over three seeds: from 8 jobs a run, about the same
-  OOM kills as the percentile rule alone and 3.3-4.4 points less slack (on the Alibaba jobs,
-  13 kills against 24, none after their pair's first); from 2 jobs, 2 more kills after their
-  pair's first in one seed, as the sum of a few heavy-tailed peaks is far from normal.
+  OOM kills as the percentile rule alone and 3.3-4.4 points less slack (on the Alibaba jobs, 13
+  kills against its 24, none after their pair's first against 4); from 2 jobs, 2 more kills after
+  their pair's first in one seed, as the sum of a few heavy-tailed peaks is far from normal.
 - **Which scope**: the node's own samples when it has ``MIN_SAMPLES`` (3) or more; else its class's;
   else the fleet's; else the size declared (``source: declared``): a new node of a known class
   starts from what its class has learned, never from nothing.
