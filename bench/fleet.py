@@ -18,8 +18,8 @@ What each policy learns from a run is what ``run --profile`` would measure: the 
 over the baseline divided by the concurrency (the mean of the jobs' peaks), and for a killed run
 the size it had reached, (limit - baseline) / C. Ours sends it to the real manager (in process,
 a real SQLite file, ``POST /api/v1/observations`` with the node's class) and asks ``GET
-/api/v1/profiles/P/recommendation?node=N&budget_bytes=LIMIT`` before each run; lowering below the declared size is
-allowed for every learning policy. The others are reimplemented here, per profile over the
+/api/v1/profiles/P/recommendation?node=N&budget_bytes=LIMIT`` before each run; lowering below
+the declared size is allowed for every learning policy. The others are reimplemented here, per profile over the
 fleet (neither knows classes of node):
 
 - static: the declared size, always;
@@ -323,34 +323,45 @@ def layout(nodes: int) -> list[tuple[str, str, Profile]]:
     return [(f"node-{i:03d}", list(CLASSES)[i % 4], PROFILES[(i // 4) % len(PROFILES)]) for i in range(nodes)]
 
 
+def plan(policy: Any, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
+    """(size, jobs) of one run: the policy's size and baseline, planned as ``plan`` does."""
+    size, base = policy.size(profile, node, cls, now)
+    size = max(1, size)
+    return size, min(profile.max_jobs, max(0, CLASSES[cls] - base) // size)
+
+
+def ended(policy: Any, profile: Profile, node: str, cls: str, now: int, *, size: int, mine: list[int]) -> bool:
+    """Whether the kernel killed the run of *mine* (the real room: the real baseline's); the
+    policy learns what ``run --profile`` would measure of it."""
+    room, jobs = CLASSES[cls] - profile.baseline, len(mine)
+    killed = sum(mine) > room
+    policy.learn(Run(profile, node, cls, now, size, (room // jobs) if killed else sum(mine) // jobs, killed, jobs))
+    return killed
+
+
 def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world: Any) -> dict[str, Tally]:
     fleet = layout(nodes)
     tallies = {name: Tally() for name in policies}
     for r in range(rounds):
         now = START_MS + r * RUN_MIN * 60_000
         for node, cls, profile in fleet:
-            room = CLASSES[cls] - profile.baseline  # the real room: the real baseline's
             job_rng = random.Random(f"{seed}-{node}-{r}")
             pair = (profile.name, cls)
             peaks = [world.peak(job_rng, pair, profile.per_job) for _ in range(profile.max_jobs)]  # every policy's
             for name, policy in policies.items():
                 t = tallies[name]
-                size, base = policy.size(profile, node, cls, now)
-                size = max(1, size)
-                jobs = min(profile.max_jobs, max(0, CLASSES[cls] - base) // size)
+                size, jobs = plan(policy, profile, node, cls, now)
                 if jobs <= 0:
                     t.cannot_run += 1
                     continue
                 mine = peaks[:jobs]
                 t.started += jobs
-                killed = sum(mine) > room
-                if killed:
+                if ended(policy, profile, node, cls, now, size=size, mine=mine):
                     t.ooms += 1
                     t.class_ooms[cls] += 1
                     t.last_oom_round = r
                     first = t.first_oom.setdefault((profile.name, cls), r)
                     t.later_ooms += r > first
-                    policy.learn(Run(profile, node, cls, now, size, room // jobs, True, jobs))
                     continue
                 t.completed += jobs
                 t.per_pair_completed[(profile.name, cls)] += jobs
@@ -358,7 +369,6 @@ def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world
                 t.reserved += jobs * size * RUN_MIN
                 t.class_used[cls] += sum(mine) * RUN_MIN
                 t.class_reserved[cls] += jobs * size * RUN_MIN
-                policy.learn(Run(profile, node, cls, now, size, sum(mine) // jobs, False, jobs))
     return tallies
 
 
@@ -466,19 +476,14 @@ def converge(ours: Ours, world: Any, nodes: int, rounds: int, seed: int) -> None
     for r in range(rounds, rounds + NEW_RUNS):
         now = START_MS + r * RUN_MIN * 60_000
         for name, c in known:
-            p, limit = by_name[name], CLASSES[c]
-            node = f"new-{p.name}-{c}"
-            size, base = ours.size(p, node, c, now)
-            size = max(1, size)
-            room = limit - p.baseline
-            jobs = min(p.max_jobs, max(0, limit - base) // size)
+            p, node = by_name[name], f"new-{name}-{c}"
+            size, jobs = plan(ours, p, node, c, now)
             if jobs <= 0:
                 continue
             job_rng = random.Random(f"{seed}-{node}-{r}")
             mine = [world.peak(job_rng, (p.name, c), p.per_job) for _ in range(jobs)]
-            killed = sum(mine) > room
+            killed = ended(ours, p, node, c, now, size=size, mine=mine)
             kills += killed
-            ours.learn(Run(p, node, c, now, size, (room // jobs) if killed else sum(mine) // jobs, killed, jobs))
             if r == rounds + NEW_RUNS - 1 and not killed:
                 last.append(1 - sum(mine) / (jobs * size))
     last.sort()

@@ -26,6 +26,7 @@ from oomguard._version import __version__
 from oomguard.agent.client import NoRedirect, check_manager, check_token, http_outcome, network_why
 from oomguard.nodes import is_valid_profile_name
 from oomguard.policy.learned import Answer, apply, parse_answer
+from oomguard.units import MAX_SIZE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def ask(
 ) -> tuple[object, str | None]:
     """(the parsed JSON answer, None) or (None, why not) from one GET; *budget*: the run's, so the
     manager can size the run's jobs together (docs/manager.md)."""
-    sent = budget if isinstance(budget, int) and 0 < budget < 2**63 else None
+    sent = budget if isinstance(budget, int) and 0 < budget <= MAX_SIZE else None  # the API's bounds
     pairs = (("node", node), ("node_class", node_class), ("budget_bytes", None if sent is None else str(sent)))
     params = {k: v for k, v in pairs if v}
     query = "" if not params else "?" + urllib.parse.urlencode(params)
@@ -210,10 +211,9 @@ def learned_shape(
         from oomguard.policy.budget import probe
 
         report = probe()
-    budget = report["budget"]["bytes"]  # the run's: the manager sizes its jobs together
     got = fetch(
         check_manager(manager), check_token(token), shape.profile, node, spool, timeout=timeout,
-        node_class=node_class, budget=budget if isinstance(budget, int) else None,
+        node_class=node_class, budget=report["budget"]["bytes"],  # the run's: its jobs sized together
     )  # fmt: skip
     return apply(
         shape,
