@@ -76,7 +76,50 @@ def test_the_bench_runs_small_against_the_real_manager_with_and_without_the_budg
         ).stdout
         manager = [line for line in out.splitlines() if line.strip().startswith("oomguard manager")]
         assert len(manager) == 1, out
-        assert "slack by class of node: h100-512g" in out and "a new node of a known class" in out, out
+        assert "slack / idle room by class of node: h100-512g" in out and "a new node of a known class" in out, out
+        assert "clairvoyant (sees peaks)" in out and "oracle, 1 in 10,000 runs" in out, out
         assert "a new node of each (profile, class) run, 3 runs: OOM kills " in out, out
         lines[flag] = manager[0]
     assert lines[""] != lines["--no-budget"], lines  # the budget changed the manager's sizes
+
+
+def test_the_clairvoyant_runs_the_most_jobs_that_fit_and_is_never_killed() -> None:
+    """It sees the run's peaks: on p9 in the 64 GiB class (49 GiB of room), jobs of 20, 20 and 10
+    GiB fit 2 (40 GiB: a third would pass the room); a first job of 50 GiB fits none, and the run
+    is not started."""
+    profile, cls = fleet.PROFILES[9], "cpu-64g"
+    room = fleet.CLASSES[cls] - profile.baseline
+    assert room == 49 * GiB
+    seer = fleet.Clairvoyant()
+    seer.peaks = [20 * GiB, 20 * GiB, 10 * GiB]
+    assert fleet.plan(seer, profile, "n", cls, 0)[1] == 2
+    seer.peaks = [50 * GiB, GiB]
+    assert fleet.plan(seer, profile, "n", cls, 0)[1] == 0
+
+
+def test_the_oracles_kill_chance_matches_the_jobs_it_models() -> None:
+    """``Lognormal.kill_chance`` (a Fenton-Wilkinson sum over the count of 2x jobs) against 40,000
+    runs drawn as the bench draws them, at rooms where it says 10 %, 1 % and 0.1 %: within the
+    draws' own error (3 standard errors, and 20 % of the chance)."""
+    import math
+    import random
+
+    world = fleet.Lognormal(random.Random(23))
+    pair, declared, jobs = ("p0", "h100-512g"), 4 * GiB, 20
+    rng = random.Random(5)
+    runs = 40_000
+    sums = sorted(sum(world.peak(rng, pair, declared) for _ in range(jobs)) for _ in range(runs))
+    for chance in (0.1, 0.01, 0.001):
+        lo, hi = sums[0], 4 * sums[-1]
+        for _ in range(60):  # the room at which the model says *chance*
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if world.kill_chance(pair, declared, jobs, mid) > chance else (lo, mid)
+        seen = sum(x > hi for x in sums) / runs
+        error = 3 * math.sqrt(chance * (1 - chance) / runs) + 0.2 * chance
+        assert abs(seen - chance) <= error, (chance, seen)
+    oracle = fleet.Oracle(world, 1e-4)
+    _, planned = fleet.plan(oracle, fleet.PROFILES[0], "n", "h100-512g", 0)
+    room = 478 * GiB
+    assert (
+        world.kill_chance(pair, declared, planned, room) <= 1e-4 < world.kill_chance(pair, declared, planned + 1, room)
+    )

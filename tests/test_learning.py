@@ -166,6 +166,81 @@ def test_an_oom_kill_raises_the_class_floor_at_once() -> None:
     assert recommend(NOW, "n9", "c1", [stop]).per_job_bytes == math.ceil(14 * GiB * OOM_BUMP)  # declared, raised
 
 
+def test_a_floor_above_the_room_set_by_one_tail_job_is_held_at_the_room_not_a_refusal() -> None:
+    """bench/fleet.py --seed 2's pair: one job a run on a 60 GiB budget (11 GiB baseline), jobs
+    of 27 GiB, and one job at twice that killed: its floor, 1.3 x the 49 GiB room, is above the
+    room. With the budget the size is held at the room (one job a run), for the killed node too,
+    as 99 % of the class's runs ended well; where the failures are more than 2 % of the class's
+    runs, or its jobs are larger than the room, the size stands and no job fits."""
+    base, budget = 11 * GiB, 60 * GiB
+    one: dict[str, Any] = {
+        "concurrency": 1,
+        "declared_baseline": base,
+        "peak_baseline": base,
+        "declared_per_job": 43 * GiB,
+    }
+    ok = [sample(node=f"n{i % 5}", ago_ms=60_000 * i, peak=27 * GiB + i * (1 << 24), **one) for i in range(100)]
+    kill = sample(node="n3", peak=budget - base, outcome="oom-kill", **one)
+    floor = math.ceil((budget - base) * OOM_BUMP)
+    plain = recommend(NOW, "n0", "c1", [*ok, kill], iso_ms)
+    assert plain.per_job_bytes == plain.floor_bytes == floor > budget - base  # no budget: the floor stands
+    for node in ("n0", "n3", "new"):
+        held = recommend(NOW, node, "c1", [*ok, kill], iso_ms, budget=budget)
+        room = budget - math.ceil(base * (1 + MARGIN))
+        assert held.baseline_bytes == budget - room and held.per_job_bytes == room, node
+        assert held.floor_bytes == floor  # the floor is still told
+        assert held.explanation[-1].startswith(f"held at the room, {room} bytes (one job a run)")
+        assert "failed runs of one job weigh 1.0% of its 101 sample(s)" in held.explanation[-1]
+    kills = [sample(node=f"k{i}", peak=budget - base, outcome="oom-kill", **one) for i in range(3)]
+    many = recommend(NOW, "n0", "c1", [*ok, *kills], iso_ms, budget=budget)  # 3 % of the class's runs failed
+    assert many.per_job_bytes == floor and not any("held at the room" in line for line in many.explanation)
+    margin = [sample(node=f"n{i}", peak=46 * GiB, **one) for i in range(20)]  # no failure: the margin passes the room
+    own = recommend(NOW, "n0", "c1", margin, iso_ms, budget=budget)
+    assert recommend(NOW, "n0", "c1", margin, iso_ms).per_job_bytes == math.ceil(46 * GiB * (1 + MARGIN)) > room
+    assert own.per_job_bytes == room and "failed runs of one job weigh 0.0% of its 20 sample(s)" in own.explanation[-1]
+    # bench/fleet.py --trace alibaba's pair: 3 runs, one of them 2 jobs killed (their sum passed
+    # the room, not one job), one job of 46 GiB: held, as no run of one job failed.
+    two = sample(node="k", peak=(budget - base) // 2, outcome="oom-kill", **{**one, "concurrency": 2})
+    few = recommend(NOW, "new", "c1", [margin[0], margin[1], two], iso_ms, budget=budget)
+    assert few.per_job_bytes == room and "failed runs of one job weigh 0.0% of its 3 sample(s)" in few.explanation[-1]
+    large = [sample(node=f"n{i}", peak=50 * GiB, **one) for i in range(10)]  # the jobs are larger than the room
+    stands = recommend(NOW, "n0", "c1", large, iso_ms, budget=budget)
+    assert stands.per_job_bytes == math.ceil(50 * GiB * (1 + MARGIN)) > budget - (stands.baseline_bytes or 0)
+    assert not any("held at the room" in line for line in stands.explanation)
+
+
+def test_a_class_the_fleet_s_size_leaves_no_job_runs_one_at_its_room_to_learn_its_own() -> None:
+    """A 64 GiB class with 2 runs of its own (25 GiB jobs) and the fleet's other classes at 50 GiB
+    a job. The fleet's P98 + 10 % (55 GiB) leaves no job in the 48 GiB room, which would keep the
+    class from ever running and learning; its own runs fit, and it is held at the room. A failure
+    of its own, its own jobs above the room, or with none of its own the fleet's, keep the size."""
+    base, budget = 10 * GiB, 60 * GiB
+    kw: dict[str, Any] = {"concurrency": 1, "declared_baseline": base, "peak_baseline": base}
+    fleet = [sample(node=f"f{i}", cls="big", peak=50 * GiB, **kw) for i in range(10)]
+    own = [sample(node=f"s{i}", cls="small", peak=25 * GiB, **kw) for i in range(2)]
+    r = recommend(NOW, "s9", "small", [*fleet, *own], iso_ms, budget=budget)
+    room = budget - math.ceil(base * (1 + MARGIN))
+    assert r.source == "fleet" and r.per_job_bytes == room
+    assert r.explanation[-1].startswith(f"held at the room, {room} bytes (one job a run): the size ")
+    assert "but class small's weighted P98 per-job peak" in r.explanation[-1]
+    plain = recommend(NOW, "s9", "small", [*fleet, *own], iso_ms)  # no budget: the fleet's size
+    assert plain.per_job_bytes == math.ceil(50 * GiB * (1 + MARGIN))
+    killed = sample(node="s1", cls="small", peak=room, outcome="oom-kill", **kw)  # its floor passes the room
+    stands = recommend(NOW, "s9", "small", [*fleet, own[0], killed], iso_ms, budget=budget)
+    assert stands.per_job_bytes == math.ceil(room * OOM_BUMP) > room
+    assert not any(line.startswith("held at the room") for line in stands.explanation)
+    third = [*own, sample(node="s2", cls="small", peak=52 * GiB, **kw)]  # 3 of its own: the class's own P98
+    mine = recommend(NOW, "s9", "small", [*fleet, *third], iso_ms, budget=budget)
+    assert mine.source == "class" and mine.per_job_bytes == math.ceil(52 * GiB * (1 + MARGIN)) > room
+    # A class with no sample of its own: the fleet's runs are the evidence, held where they fit.
+    assert recommend(NOW, "s9", "small", fleet, iso_ms, budget=budget).per_job_bytes == math.ceil(
+        50 * GiB * (1 + MARGIN)
+    )
+    fits = [sample(node=f"f{i}", cls="big", peak=46 * GiB, **kw) for i in range(10)]
+    held = recommend(NOW, "s9", "small", fits, iso_ms, budget=budget)
+    assert held.per_job_bytes == room and "the fleet's weighted P98 per-job peak" in held.explanation[-1]
+
+
 @given(st.integers(1, 2**40), st.floats(1.0, OOM_BUMP), st.integers(0, 20))
 def test_after_one_kill_a_job_up_to_30_percent_over_fits(declared: int, over: float, oks: int) -> None:
     """VPA's x1.2 bump needs two kills for a job 25 % over; here the first kill is the last."""
@@ -203,6 +278,52 @@ def test_any_samples_give_an_answer_above_every_failure_in_the_class(
         if s.outcome != "ok" and r.per_job_bytes is not None:
             assert r.per_job_bytes > max(s.declared_per_job, s.peak_per_job)
     assert r.explanation
+
+
+@st.composite
+def runs_of_one_size(draw: st.DrawFn) -> tuple[list[Sample], int]:
+    """A class's runs around one job size J (ok peaks 0.5-1.2 J, about 1 in 80 a failure up to 3
+    J, ages across the window and past it) and a budget from the baseline to 4 J above it: the
+    shapes where a floor passes the room and the class's jobs may or may not fit it."""
+    job = draw(st.integers(1 << 20, 1 << 40))
+    base = draw(st.integers(0, 1 << 36))
+    runs = []
+    for _ in range(draw(st.integers(0, 200))):
+        failed = draw(st.integers(0, 80)) == 0
+        top = 3 * job if failed else job * 6 // 5
+        runs.append(
+            sample(
+                node=draw(st.sampled_from(["a", "b"])),
+                ago_ms=draw(st.integers(-(10**6), WINDOW_MS + HALF_LIFE_MS)),
+                peak=draw(st.integers(job // 2, top)),
+                declared_per_job=draw(st.integers(1, top)),
+                declared_baseline=base,
+                peak_baseline=draw(st.one_of(st.none(), st.integers(0, base))),
+                concurrency=draw(st.integers(0, 4)),
+                outcome=draw(st.sampled_from(["oom-kill", "pressure-stop"])) if failed else "ok",
+            )
+        )
+    return runs, base + draw(st.integers(1, 4 * job))
+
+
+@given(runs_of_one_size(), st.sampled_from(["a", "z"]))
+def test_with_a_budget_any_samples_answer_above_every_failure_or_held_at_the_room(
+    runs: tuple[list[Sample], int], node: str
+) -> None:
+    """With a budget the answer is above every failure of the class, as without one, unless it is
+    held at the room (the budget less the baseline), which the explanation then says; or the size
+    for a budget released the floor, which it says too."""
+    samples, budget = runs
+    r = recommend(NOW, node, "c1", samples, iso_ms, budget=budget)
+    assert r.explanation and r.source in ("node", "class", "fleet", "declared")
+    failures = [s for s in samples if NOW - s.received_ms <= WINDOW_MS and s.outcome != "ok"]
+    if r.per_job_bytes is None or not failures:
+        return
+    held = [line for line in r.explanation if line.startswith("held at the room")]
+    if held:
+        assert r.per_job_bytes == budget - (r.baseline_bytes or 0) and held == r.explanation[-1:]
+    elif not any("is released" in line for line in r.explanation):
+        assert r.per_job_bytes > max(max(s.declared_per_job, s.peak_per_job) for s in failures)
 
 
 # -- the size for a budget: a run's jobs add up -------------------------------------------------------

@@ -18,8 +18,9 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   sends none, and the newest run's declared baseline stands in).
 - **Floor**: an OOM kill or a pressure stop of the profile in the node's class raises that class's
   per-job floor at once to ``OOM_BUMP`` (1.3) times the larger of the size it ran at and the peak
-  seen, for as long as it is in the window. A recommendation is never below its class's floor, so
-  the same kill does not happen twice for the same reason: a job up to 30 % over its size fits
+  seen, for as long as it is in the window. A recommendation is never below its class's floor
+  (with a budget, but where it is released or held at the room, below), so the same kill does
+  not happen twice for the same reason: a job up to 30 % over its size fits
   after one kill. (The Kubernetes VPA bumps by x1.2 or +100 MiB, whichever is more, on top of its
   percentile: a job 25 % over is killed twice before it fits;
   vertical-pod-autoscaler/pkg/recommender/model/container.go, ``RecordOOM``.)
@@ -35,6 +36,17 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   OOM kills as the percentile rule alone and 3.3-4.4 points less slack (on the Alibaba jobs, 13
   kills against its 24, none after their pair's first against 4); from 2 jobs, 2 more kills after
   their pair's first in one seed, as the sum of a few heavy-tailed peaks is far from normal.
+- **Held at the room** (with a budget): a size above the budget's room (the budget less the
+  baseline) is held at the room, one job a run, where the jobs fit it: the class's own samples
+  (however few; with none, those the size came from) have their weighted P98 per-job peak within
+  the room, and their failed runs of one job (one job larger than a room; a failed run of several
+  says only that their sum was) weigh at most 2 %. Such a size comes from a margin or a floor over
+  jobs that fit: the 10 % margin over the P98, a floor a tail job set (a run of one job killed
+  raises it to 1.3 x the room), or the fleet's size from other classes' runs. Refusing every run
+  for it would stop the 98 % that fit for the whole window, and a class that never runs never
+  learns its own (``bench/fleet.py --seed 2``: 191 runs of one pair; ``--trace alibaba``: 357).
+  Where more than 2 % of them failed so, or their P98 is above the room, the size stands and
+  the node cannot run the profile.
 - **Which scope**: the node's own samples when it has ``MIN_SAMPLES`` (3) or more; else its class's;
   else the fleet's; else the size declared (``source: declared``): a new node of a known class
   starts from what its class has learned, never from nothing.
@@ -42,11 +54,11 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   0 with none, 0.5 for five fresh samples, lower as they age.
 
 Bias (what the estimator gets wrong, and which way): the rule takes each observation's per-job
-peak as sent. The estimator ``bench/fleet.py`` simulates, and ``run --profile`` is to send (the
-workers send no observations yet), is the group's peak rise over the baseline divided by the
-concurrency: the mean of the jobs' peaks, not the largest. That mean is what decides a kill when
-the peaks coincide; when they do not, it reads each job's own peak low, and a percentile of it
-sits below the percentile of single jobs (bench/fleet.py's cold-start line measures by how much).
+peak as sent. The estimator ``bench/fleet.py`` simulates, and ``run --profile`` sends, is the
+group's peak rise over the baseline divided by the concurrency: the mean of the jobs' peaks, not
+the largest. That mean is what decides a kill when the peaks coincide; when they do not, it reads
+each job's own peak low, and a percentile of it sits below the percentile of single jobs
+(bench/fleet.py's cold-start line measures by how much).
 
 Node class: the observation's ``node_class`` (an operator's label), else derived from the node's
 latest report: the GPU model and the host's RAM to the nearest power of two GiB
@@ -291,6 +303,12 @@ def recommend(
     if job is not None and floor > job:
         said.append(_floor_words(floor, why, iso))
         job = floor
+    if budget is not None and job is not None and base is not None:
+        names = {"node": f"node {node}", "class": f"class {node_class}", "fleet": "the fleet", "declared": ""}
+        mine = f"class {node_class}" if node_class is not None else f"node {node}"
+        job = _held_at_room(
+            now_ms, (in_class, mine), (used, names[source]), room=budget - base, job=job, floor=floor, said=said
+        )
     return Recommendation(
         per_job_bytes=job,
         baseline_bytes=base,
@@ -331,6 +349,48 @@ def _for_budget(
         "for the spread; the percentile rule's"
     )
     return None
+
+
+def _held_at_room(
+    now_ms: int,
+    in_class: tuple[Sequence[Sample], str],
+    used: tuple[Sequence[Sample], str],
+    *,
+    room: int,
+    job: int,
+    floor: int,
+    said: list[str],
+) -> int:
+    """*job*, or the whole *room* (one job a run) where *job* is above the room but the evidence
+    says the jobs fit it: the class's own samples (*in_class*: the samples and their scope's name,
+    however few), or with none the samples the size came from (*used*), have their weighted P98
+    per-job peak within the room, and their failed runs of one job (one job larger than a room)
+    weigh at most the 2 % the percentile leaves above it. A size above the room then comes from a
+    margin or a floor over jobs that fit: the 10 % margin over the P98, a floor a tail job set (a
+    run of one job killed raises it to 1.3 x the room), or the fleet's size from other classes'
+    runs. Refusing every run for it would stop the 98 % that fit, for the whole window, and a
+    class that never runs never learns its own. A job larger than the room is killed here, and
+    its observation raises the class's floor; a class with few samples and one such failure has
+    more than 2 % failed, and its size stands."""
+    if job <= room or room < MIN_PER_JOB:
+        return job
+    evidence, name = in_class if in_class[0] else used
+    weighted = [(s, weight(now_ms - s.received_ms)) for s in evidence[:MAX_SAMPLES]]
+    total = sum(w for _, w in weighted)
+    p98 = weighted_percentile([(s.peak_per_job, w) for s, w in weighted], PERCENTILE)
+    # A failed run of several jobs says their sum passed a room, not that one job does: one job
+    # a run is what a hold plans. Only runs of one job (or of an unknown count) that failed count.
+    failed = sum(w for s, w in weighted if s.outcome in FAILURES and s.concurrency <= 1)
+    if p98 is None or p98 > room or total <= 0 or failed / total > 1 - PERCENTILE:
+        return job
+    said.append(
+        f"held at the room, {room} bytes (one job a run): the size {job} bytes is above it, but "
+        f"{name}'s weighted P{round(PERCENTILE * 100)} per-job peak, {p98} bytes, fits it, and its failed "
+        f"runs of one job weigh {failed / total:.1%} of its {len(weighted)} sample(s), within {1 - PERCENTILE:.0%}; "
+        "a job larger than the room will be "
+        "OOM-killed here, and its observation raises the class's floor"
+    )
+    return room
 
 
 def _floor_words(floor: int, why: Sample | None, iso: Any) -> str:
