@@ -306,9 +306,7 @@ def recommend(
     if budget is not None and job is not None and base is not None:
         names = {"node": f"node {node}", "class": f"class {node_class}", "fleet": "the fleet", "declared": ""}
         mine = f"class {node_class}" if node_class is not None else f"node {node}"
-        job = _held_at_room(
-            now_ms, (in_class, mine), (used, names[source]), room=budget - base, job=job, floor=floor, said=said
-        )
+        job = _held_at_room(now_ms, (in_class, mine), (used, names[source]), room=budget - base, job=job, said=said)
     return Recommendation(
         per_job_bytes=job,
         baseline_bytes=base,
@@ -358,7 +356,6 @@ def _held_at_room(
     *,
     room: int,
     job: int,
-    floor: int,
     said: list[str],
 ) -> int:
     """*job*, or the whole *room* (one job a run) where *job* is above the room but the evidence
