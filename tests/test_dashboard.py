@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import urllib.request
 import uuid
@@ -61,18 +62,22 @@ def test_dashboard_lists_sorts_filters_pages(browser: Browser, server: ManagerPr
     assert len(rows(page)) == 50 and rows(page)[0] == "gpu-00"
     shot(page, "dashboard")
     page.click("th >> text=Budget")  # sort by budget, ascending
-    assert "sort=budget_bytes" in page.url and rows(page)[-1].startswith("gpu-")
+    page.wait_for_url(re.compile(r"sort=budget_bytes"))  # loaded, not only committed: then read the rows
+    assert rows(page)[-1].startswith("gpu-")
     page.click("th >> text=Budget")  # and descending: the host-sized budget first
-    assert "sort=-budget_bytes" in page.url and rows(page)[0] == "evil-node"
+    page.wait_for_url(re.compile(r"sort=-budget_bytes"))
+    assert rows(page)[0] == "evil-node"
     assert page.locator("td.bad").first.inner_text() == "500 GiB"  # budget above the limit, highlighted
     page.fill("input[name=q]", "gpu-1")
     page.click("button >> text=Filter")
+    page.wait_for_url(re.compile(r"q=gpu-1"))
     assert rows(page) == [f"gpu-{i}" for i in range(10, 20)][::-1] or sorted(rows(page)) == [
         f"gpu-{i}" for i in range(10, 20)
     ]
     page.goto(server.url + "/")
     page.click("a >> text=next")
-    assert "offset=50" in page.url and len(rows(page)) == 8
+    page.wait_for_url(re.compile(r"offset=50"))
+    assert len(rows(page)) == 8
     alerts = page.locator(".alerts").inner_text()
     assert "budget-from-host" in alerts and "oom-kills" in alerts
     assert not watch.errors, watch.errors

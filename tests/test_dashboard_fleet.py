@@ -75,7 +75,9 @@ def test_alerts_first_grouped_with_show_all(browser: Browser, fleet: ManagerProc
     assert "9 nodes" in group.locator("summary").inner_text()
     assert group.locator(".alert").count() == 5
     group.locator("a.more").click()
-    assert "alerts=budget-from-host" in page.url
+    # Wait for the new page's load event: page.url changes when the navigation commits, before the
+    # new DOM is there (CI once counted 0 alerts in that gap).
+    page.wait_for_url(re.compile(r"[?&]alerts=budget-from-host"))
     group = page.locator("details", has=page.locator("summary b", has_text="budget-from-host"))
     assert group.locator(".alert").count() == 9 and group.locator("a.more").count() == 0
     assert "oom-kills" in page.locator("#alerts").inner_text()
@@ -167,7 +169,7 @@ def test_chart_ranges_ticks_markers_and_hover(browser: Browser, fleet: ManagerPr
     assert page.locator("nav.ranges a").all_inner_texts() == ["15m", "1h", "24h", "7d", "30d"]
     for key in ("15m", "1h", "24h", "7d", "30d"):
         page.click(f"nav.ranges >> text={key}")
-        assert f"range={key}" in page.url
+        page.wait_for_url(re.compile(f"range={key}"))  # loaded, not only committed
         assert page.locator("nav.ranges a.active").inner_text() == key
         assert page.locator("svg.chart polyline").count() >= 3
     shot(page, "chart")

@@ -76,19 +76,29 @@ def test_a_kill_9_beside_an_oom_kill_is_no_oom_kill(group: GroupFactory, events:
     assert ran_on in end["message"] or unplaced in end["message"], end["message"]
 
 
-def test_an_oom_kill_of_the_worker_beside_a_living_outsider(group: GroupFactory, events: Path, tmp_path: Path) -> None:
+def test_an_oom_kill_of_the_worker_beside_a_living_outsider(group: GroupFactory, tmp_path: Path) -> None:
+    """The kernel may OOM-kill a second process of the group just after the worker: CI's VM saw the
+    supervisor itself end by SIGKILL (rc -9, only its start event written), as the v1 host saw a
+    neighbour in tests/test_run_numbers.py (the MMF_OOM_SKIP window: the victim's mm is skipped
+    before its last pages are uncharged, and the next largest process is taken). That attempt did
+    not set up the case under test, so it is said and run again, three attempts at most; every
+    assertion holds on the attempt that counts."""
     g = group(192 * MiB)
-    ready = tmp_path / "ready"
     code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
-    outsider = g.popen(PYTHON, "-c", code, str(ready))
-    try:
-        _wait_for(ready)
-        worker = (PYTHON, "-c", HOG, str(512 * MiB))
-        rc, evs, err = _run(g, events, "--restart", "never", "--budget", "32MiB", "--", *worker)
-        assert outsider.poll() is None  # it lives on
-    finally:
-        outsider.kill()
-        outsider.wait()
+    for attempt in range(1, 4):
+        ready, log = tmp_path / f"ready-{attempt}", tmp_path / f"events-{attempt}.jsonl"
+        outsider = g.popen(PYTHON, "-c", code, str(ready))
+        try:
+            _wait_for(ready)
+            worker = (PYTHON, "-c", HOG, str(512 * MiB))
+            rc, evs, err = _run(g, log, "--restart", "never", "--budget", "32MiB", "--", *worker)
+            assert outsider.poll() is None  # it lives on
+        finally:
+            outsider.kill()
+            outsider.wait()
+        if rc != -9:
+            break
+        print(f"attempt {attempt}: the kernel OOM-killed the supervisor as well (the MMF_OOM_SKIP window); again")
     assert rc == 137, err
     assert (evs[-1]["reason"], evs[-1]["oom_victim"], evs[-1]["oom_kills"]) == ("oom-kill", "worker", 1)
     assert "over its 32 MiB budget" in evs[-1]["message"]
