@@ -48,7 +48,8 @@ round's nodes run one after another, each run observed before the next is planne
 run too, a simplification that lets every learner learn within a round), and of those, the runs
 of one job (that job alone passed the room: no size fits it there);
 jobs completed per node-hour, and its ratio to static on the over-declared pairs; the run of the
-last OOM kill (convergence). Then a new node of each class joins: its first recommendation against the
+last OOM kill (convergence). Then a new node of each class joins: its first recommendation, the size
+to plan at and the forecast of one job's P95 peak (``peak_p95_per_job_bytes``), each against the
 true P95 of its (profile, class)'s per-job peak; and one of each (profile, class) the fleet ran
 runs ``NEW_RUNS`` (3) runs: its OOM kills, and its third run's slack.
 
@@ -357,14 +358,15 @@ class Ours:
         learned, base = answer["per_job_bytes"], answer["baseline_bytes"]
         return (profile.per_job if learned is None else int(learned)), (profile.baseline if base is None else int(base))
 
-    def first(self, profile: Profile, cls: str) -> int | None:
+    def first(self, profile: Profile, cls: str) -> tuple[int | None, int | None]:
+        """What a new node of *cls* is first told: (the size to plan at, one job's P95 peak forecast)."""
         r = self.client.get(
             f"/api/v1/profiles/{profile.name}/recommendation",
             params={"node": "newcomer", "node_class": cls},
             headers=VIEWER_H,
         )
-        learned = r.json()["per_job_bytes"]
-        return None if learned is None else int(learned)
+        answer = r.json()
+        return answer["per_job_bytes"], answer["peak_p95_per_job_bytes"]
 
     def learn(self, run: Run) -> None:
         self.clock.t = run.now
@@ -555,19 +557,29 @@ def report(tallies: dict[str, Tally], policies: dict[str, Any], world: Any, opts
 
 
 def cold_start(ours: Ours, world: Any) -> None:
-    errors = []
+    """A new node of each class, per profile: its first size and its first P95 forecast against the
+    true P95 of its (profile, class)'s per-job peak; how many of the pairs are within 5 %."""
+    sizes: list[float] = []
+    forecasts: list[float] = []
     for p in PROFILES:
         for c in CLASSES:
-            first = ours.first(p, c)
+            size, forecast = ours.first(p, c)
             p95 = world.p95((p.name, c), p.per_job)
-            if first is not None:
-                errors.append(first / p95 - 1)
-    errors.sort()
-    print(
-        f"  a new node of a known class: first recommendation / true P95 per-job peak - 1, over "
-        f"{len(errors)} (profile, class): median {statistics.median(errors):+.1%}, "
-        f"P5 {errors[len(errors) // 20]:+.1%}, P95 {errors[len(errors) * 19 // 20]:+.1%}"
-    )
+            if size is not None:
+                sizes.append(size / p95 - 1)
+            if forecast is not None:
+                forecasts.append(forecast / p95 - 1)
+    for what, errors in (("first size", sizes), ("first P95 forecast", forecasts)):
+        if not errors:
+            print(f"  a new node of a known class: no {what}")
+            continue
+        errors.sort()
+        within = sum(abs(e) <= 0.05 for e in errors)
+        print(
+            f"  a new node of a known class: {what} / true P95 per-job peak - 1, over {len(errors)} "
+            f"(profile, class): median {statistics.median(errors):+.1%}, P5 {errors[len(errors) // 20]:+.1%}, "
+            f"P95 {errors[len(errors) * 19 // 20]:+.1%}; within 5 % on {within} of {len(errors)}"
+        )
 
 
 NEW_RUNS = 3  # a new node's runs counted while it converges (the goal: <= 10 % slack by its third)
@@ -577,32 +589,63 @@ def converge(ours: Ours, world: Any, nodes: int, rounds: int, seed: int) -> None
     """A new node of each (profile, class) the fleet ran joins after the day and runs ``NEW_RUNS``
     runs, as the fleet's nodes do (the manager asked with its budget before each, each run
     observed): its OOM kills, and the slack of its last run, 1 - the jobs' summed peaks / (jobs x
-    size)."""
+    size). Beside it, on the same node's last run (the same draws), the oracles' (default model):
+    what a size from the law itself would leave at that risk."""
     kills, last = 0, []
+    oracles = {chance: Oracle(world, chance) for chance in ORACLE_CHANCES} if hasattr(world, "kill_chance") else {}
+    ceilings: dict[float, list[float]] = {chance: [] for chance in oracles}
     known = sorted({(profile.name, cls) for _, cls, profile in layout(nodes)})
     by_name = {p.name: p for p in PROFILES}
     for r in range(rounds, rounds + NEW_RUNS):
         now = START_MS + r * RUN_MIN * 60_000
         for name, c in known:
             p, node = by_name[name], f"new-{name}-{c}"
+            draws = f"{seed}-{node}-{r}"
+            if r == rounds + NEW_RUNS - 1:
+                for chance, oracle in oracles.items():
+                    slack = _run_slack(oracle, world, p, node, c, now=now, draws=draws)
+                    if slack is not None:
+                        ceilings[chance].append(slack)
             size, jobs = plan(ours, p, node, c, now)
             if jobs <= 0:
                 continue
-            job_rng = random.Random(f"{seed}-{node}-{r}")
+            job_rng = random.Random(draws)
             mine = [world.peak(job_rng, (p.name, c), p.per_job) for _ in range(jobs)]
             killed = ended(ours, p, node, c, now, size=size, mine=mine)
             kills += killed
             if r == rounds + NEW_RUNS - 1 and not killed:
                 last.append(1 - sum(mine) / (jobs * size))
-    last.sort()
     if not last:
         print(f"  a new node of each (profile, class) run, {NEW_RUNS} runs: OOM kills {kills}; no run {NEW_RUNS} ended")
         return
-    within = sum(x <= 0.10 for x in last)
     print(
         f"  a new node of each (profile, class) run, {NEW_RUNS} runs: OOM kills {kills}; slack of its run "
-        f"{NEW_RUNS}: median {statistics.median(last):.1%}, P95 {last[len(last) * 19 // 20]:.1%}, "
-        f"<= 10 % on {within} of {len(last)}"
+        f"{NEW_RUNS}: {_spread_of(last)}"
+    )
+    for chance, slacks in ceilings.items():
+        if slacks:
+            print(f"    the same runs sized by the oracle, 1 in {round(1 / chance):,} runs: slack {_spread_of(slacks)}")
+
+
+def _run_slack(policy: Any, world: Any, p: Profile, node: str, c: str, *, now: int, draws: str) -> float | None:
+    """The slack of one run that *policy* plans on the jobs drawn from *draws*; None when it plans
+    none or the run is killed."""
+    size, jobs = plan(policy, p, node, c, now)
+    if jobs <= 0:
+        return None
+    job_rng = random.Random(draws)
+    mine: list[int] = [world.peak(job_rng, (p.name, c), p.per_job) for _ in range(jobs)]
+    if sum(mine) > CLASSES[c] - p.baseline:
+        return None
+    return 1 - sum(mine) / (jobs * size)
+
+
+def _spread_of(slacks: list[float]) -> str:
+    ordered = sorted(slacks)
+    within = sum(x <= 0.10 for x in ordered)
+    return (
+        f"median {statistics.median(ordered):.1%}, P95 {ordered[len(ordered) * 19 // 20]:.1%}, "
+        f"<= 10 % on {within} of {len(ordered)}"
     )
 
 

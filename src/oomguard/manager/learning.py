@@ -52,13 +52,22 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   starts from what its class has learned, never from nothing.
 - **Confidence**: ``n / (n + CONFIDENCE_K)`` with ``n`` the samples' summed weights (``K`` = 5):
   0 with none, 0.5 for five fresh samples, lower as they age.
+- **One job's P95 peak, a forecast** (``job_p95``): m + ``P95_Z`` d from the first scope with
+  ``SPREAD_MIN`` runs that ended well, m and d one job's mean and spread as ``run_moments`` reads
+  them from the runs' means (d as seen: a forecast, not a bound). No margin, no floor: what one
+  job reaches, for the operator and a new node's first guess, not a size to plan at.
 
 Bias (what the estimator gets wrong, and which way): the rule takes each observation's per-job
 peak as sent. The estimator ``bench/fleet.py`` simulates, and ``run --profile`` sends, is the
 group's peak rise over the baseline divided by the concurrency: the mean of the jobs' peaks, not
 the largest. That mean is what decides a kill when the peaks coincide; when they do not, it reads
 each job's own peak low, and a percentile of it sits below the percentile of single jobs
-(bench/fleet.py's cold-start line measures by how much).
+(bench/fleet.py's cold-start line measures by how much). The forecast of one job's P95 reads the
+jobs' spread back out of the means' (d^2 = the mean of n (x - m)^2), so it does not shrink with
+n; its own biases: the normal's percentile on peaks skewed to the right (low for a heavy far
+tail, high where a rare tail inflates d: on bench/fleet.py's lognormal jobs with 1 % at 2x,
++1.2 % at the median), correlated jobs in a run (high: their means vary more than d / sqrt(n)),
+and the runs that failed, left out with the largest sums (low).
 
 Node class: the observation's ``node_class`` (an operator's label), else derived from the node's
 latest report: the GPU model and the host's RAM to the nearest power of two GiB
@@ -92,6 +101,9 @@ RUN_Z = 4.0  # standard deviations of a run's sum kept free: about 3 in 100,000 
 SPREAD_CONFIDENCE_Z = 1.645  # the spread used is its one-sided 95 % upper bound (chi-square)
 SPREAD_MIN = 10  # samples of the node's or its class's before the spread is trusted
 SPREAD_MIN_JOBS = 8  # fewer jobs a run than this: the percentile rule (a sum of few is not normal)
+# The standard normal's 95th percentile (NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.1,
+# "Cumulative Distribution Function of the Standard Normal Distribution": 0.95 at z = 1.645).
+P95_Z = 1.6449
 OUTCOMES = ("ok", "oom-kill", "pressure-stop")
 FAILURES = ("oom-kill", "pressure-stop")
 Source = Literal["node", "class", "fleet", "declared"]
@@ -172,6 +184,9 @@ class Recommendation:
     declared_baseline_bytes: int | None
     floor_bytes: int
     explanation: list[str]
+    peak_p95_per_job_bytes: int | None = None  # one job's peak, its 95th percentile estimated
+    peak_p95_source: Source | None = None  # the scope that estimate came from
+    peak_p95_explanation: str = ""  # how it was estimated, or why it is not
 
     def as_json(self, iso: Any) -> dict[str, Any]:
         return {
@@ -184,6 +199,9 @@ class Recommendation:
             "declared_per_job_bytes": self.declared_per_job_bytes,
             "declared_baseline_bytes": self.declared_baseline_bytes,
             "floor_bytes": self.floor_bytes,
+            "peak_p95_per_job_bytes": self.peak_p95_per_job_bytes,
+            "peak_p95_source": self.peak_p95_source,
+            "peak_p95_explanation": self.peak_p95_explanation,
             "explanation": self.explanation,
         }
 
@@ -202,38 +220,63 @@ def spread_bound(samples: float) -> float:
     return min(10.0, math.sqrt(k / (k * root**3)))
 
 
-def per_run_size(weighted: Sequence[tuple[Sample, float]], room: int) -> tuple[int, int, float, float] | None:
-    """The per-job size that fills *room* (the budget less the baseline) with the most jobs whose
-    summed peaks stay under it by ``RUN_Z`` standard deviations: (size, jobs, mean, spread), or
-    None when the samples are too few or the run too small for it.
+def run_moments(weighted: Sequence[tuple[Sample, float]]) -> tuple[float, float, float, int] | None:
+    """(m, d, effective count, runs): one job's mean peak and standard deviation, read from the
+    runs that ended well among *weighted* (sample, weight) pairs; None with fewer than
+    ``SPREAD_MIN`` of them.
 
-    Each sample that ended well is one run's mean per-job peak over its ``concurrency`` jobs (a
-    failed run's peak is only a lower bound of its mean, and is left out). With the jobs'
-    peaks independent, of mean m and standard deviation d, a run of n jobs sums to n m with a
-    standard deviation of d sqrt(n), and a sample's mean varies by d / sqrt(n): so m is the
-    samples' weighted mean and d^2 the weighted mean of n (x - m)^2, taken at its upper bound
-    (``spread_bound``): a spread read low from a few runs, and runs whose sums passed the room
-    being left out as failures, would both shrink the room kept. The most jobs n with
-    n m + RUN_Z d sqrt(n) <= room is the square of the positive root of m s^2 + RUN_Z d s - room;
-    the size is just over room / (n + 1), so ``room // size`` is n. Where the jobs' peaks are
-    correlated (one input shared by every job of a run) the sum varies more than this, and the
-    rule's kills tell it (the floor still holds). Below ``SPREAD_MIN_JOBS`` a sum of a few heavy-
-    tailed peaks is far from normal, and the caller keeps the percentile rule.
-    """
+    Each such sample is one run's mean per-job peak over its ``concurrency`` jobs (a failed run's
+    peak is only a lower bound of its mean, and is left out). With the jobs' peaks independent,
+    of mean m and standard deviation d, a run of n jobs has a mean of m that varies by
+    d / sqrt(n): so m is the samples' weighted mean and d^2 the weighted mean of n (x - m)^2.
+    The effective count is Kish's, (sum of weights)^2 / sum of squared weights."""
     usable = [(s, w) for s, w in weighted if s.outcome == "ok" and s.concurrency > 0 and w > 0]
     total = sum(w for _, w in usable)
-    if len(usable) < SPREAD_MIN or total <= 0 or room <= 0:
+    if len(usable) < SPREAD_MIN or total <= 0:
         return None
     mean = sum(s.peak_per_job * w for s, w in usable) / total
     if mean <= 0:
         return None
     seen = math.sqrt(sum(s.concurrency * (s.peak_per_job - mean) ** 2 * w for s, w in usable) / total)
-    spread = seen * spread_bound(total**2 / sum(w * w for _, w in usable))
+    return mean, seen, total**2 / sum(w * w for _, w in usable), len(usable)
+
+
+def per_run_size(weighted: Sequence[tuple[Sample, float]], room: int) -> tuple[int, int, float, float] | None:
+    """The per-job size that fills *room* (the budget less the baseline) with the most jobs whose
+    summed peaks stay under it by ``RUN_Z`` standard deviations: (size, jobs, mean, spread), or
+    None when the samples are too few or the run too small for it.
+
+    A run of n jobs sums to n m with a standard deviation of d sqrt(n) (``run_moments``); d is
+    taken at its upper bound (``spread_bound``): a spread read low from a few runs, and runs whose
+    sums passed the room being left out as failures, would both shrink the room kept. The most
+    jobs n with n m + RUN_Z d sqrt(n) <= room is the square of the positive root of
+    m s^2 + RUN_Z d s - room; the size is just over room / (n + 1), so ``room // size`` is n. Where
+    the jobs' peaks are correlated (one input shared by every job of a run) the sum varies more
+    than this, and the rule's kills tell it (the floor still holds). Below ``SPREAD_MIN_JOBS`` a
+    sum of a few heavy-tailed peaks is far from normal, and the caller keeps the percentile rule.
+    """
+    moments = run_moments(weighted)
+    if moments is None or room <= 0:
+        return None
+    mean, seen, effective, _ = moments
+    spread = seen * spread_bound(effective)
     root = (-RUN_Z * spread + math.sqrt((RUN_Z * spread) ** 2 + 4 * mean * room)) / (2 * mean)
     jobs = math.floor(root * root)
     if jobs < SPREAD_MIN_JOBS:
         return None
     return room // (jobs + 1) + 1, jobs, mean, spread
+
+
+def job_p95(weighted: Sequence[tuple[Sample, float]]) -> tuple[int, float, float, int] | None:
+    """One job's peak, its 95th percentile estimated (``run_moments``): (m + ``P95_Z`` d, m, d,
+    runs), or None with too few runs that ended well. The normal's percentile over the jobs' own
+    mean and spread, which runs of many jobs hide from a percentile of their means: a forecast of
+    what one job of the scope reaches, not a size to plan at (that keeps its margin and floor)."""
+    moments = run_moments(weighted)
+    if moments is None:
+        return None
+    mean, seen, _, runs = moments
+    return min(MAX_SIZE, math.ceil(mean + P95_Z * seen)), mean, seen, runs
 
 
 def _grown(value: int | None) -> int | None:
@@ -307,6 +350,7 @@ def recommend(
         names = {"node": f"node {node}", "class": f"class {node_class}", "fleet": "the fleet", "declared": ""}
         mine = f"class {node_class}" if node_class is not None else f"node {node}"
         job = _held_at_room(now_ms, (in_class, mine), (used, names[source]), room=budget - base, job=job, said=said)
+    p95, p95_source, p95_words = _forecast(now_ms, scopes)
     return Recommendation(
         per_job_bytes=job,
         baseline_bytes=base,
@@ -318,7 +362,28 @@ def recommend(
         declared_baseline_bytes=declared_base,
         floor_bytes=floor,
         explanation=said,
+        peak_p95_per_job_bytes=p95,
+        peak_p95_source=p95_source,
+        peak_p95_explanation=p95_words,
     )
+
+
+def _forecast(now_ms: int, scopes: Sequence[tuple[Source, str, list[Sample]]]) -> tuple[int | None, Source | None, str]:
+    """One job's P95 peak (``job_p95``) from the first scope, the node's, its class's or the
+    fleet's, with ``SPREAD_MIN`` runs that ended well, its scope and how; (None, None, why) where
+    none has."""
+    for scope, name, found in scopes:
+        estimate = job_p95([(s, weight(now_ms - s.received_ms)) for s in found[:MAX_SAMPLES]])
+        if estimate is None:
+            continue
+        p95, mean, spread, runs = estimate
+        words = (
+            f"from {name}'s {runs} runs that ended well: mean per-job peak {round(mean)} bytes and one job's "
+            f"spread {round(spread)} (a run of n jobs varies by it / sqrt(n)); mean + {P95_Z:g} spreads, "
+            "a forecast, not the size planned at"
+        )
+        return p95, scope, words
+    return None, None, f"no scope has {SPREAD_MIN} runs that ended well to estimate it from"
 
 
 def _for_budget(

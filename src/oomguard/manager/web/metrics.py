@@ -164,6 +164,12 @@ class _Learned:
             "The per-job floor the class's OOM kills and pressure stops of the last 14 days raised (0: none).",
             labels=labels,
         )
+        p95 = GaugeMetricFamily(
+            "oomguard_profile_job_peak_p95_bytes",
+            "One job's peak at its 95th percentile, a forecast from the class's runs, else the fleet's "
+            "(none: fewer than 10 runs ended well).",
+            labels=labels,
+        )
         samples = GaugeMetricFamily(
             "oomguard_profile_samples",
             "The observations the recommendation came from (0: the declared size).",
@@ -174,9 +180,12 @@ class _Learned:
             if answer.per_job_bytes is not None:
                 size.add_metric(key, float(answer.per_job_bytes))
             floor.add_metric(key, float(answer.floor_bytes))
+            if answer.peak_p95_per_job_bytes is not None:
+                p95.add_metric(key, float(answer.peak_p95_per_job_bytes))
             samples.add_metric(key, float(answer.samples))
         yield size
         yield floor
+        yield p95
         yield samples
 
 
