@@ -68,7 +68,7 @@ more than they use (the median ratio is about 0.13), so static sizes look worse 
 default model, whose factors are 0.7-1.3.
 
 Usage: python bench/fleet.py [--nodes 200] [--rounds 72] [--seed 23] [--trace lognormal|alibaba]
-[--trace-instances 400000] [--no-budget] [--spread-min-jobs N]
+[--trace-instances 400000] [--no-budget] [--direct] [--spread-min-jobs N]
 """
 
 from __future__ import annotations
@@ -390,6 +390,48 @@ class Ours:
         self.calls += 1
 
 
+class Direct:
+    """The manager's rule without the manager (``--direct``): ``learning.recommend`` on the samples
+    kept here, as the API asks it, with no HTTP and no database. The same answers as ``Ours`` while
+    a profile has fewer than ``learning.MAX_SAMPLES`` samples in the window (the store reads the
+    newest of each scope; this fleet's day is 1,440 a profile), in seconds, not minutes: for
+    trying a change of the rule (``tests/test_bench_fleet.py`` checks that both print the same)."""
+
+    def __init__(self, *, budget: bool = True) -> None:
+        self.budget = budget
+        self.samples: dict[str, list[learning.Sample]] = defaultdict(list)
+        self.now = START_MS
+
+    def _ask(self, profile: Profile, node: str, cls: str, budget: int | None) -> learning.Recommendation:
+        return learning.recommend(self.now, node, cls, self.samples[profile.name], budget=budget)
+
+    def size(self, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
+        self.now = now
+        answer = self._ask(profile, node, cls, CLASSES[cls] if self.budget else None)
+        learned, base = answer.per_job_bytes, answer.baseline_bytes
+        return (profile.per_job if learned is None else learned), (profile.baseline if base is None else base)
+
+    def first(self, profile: Profile, cls: str) -> tuple[int | None, int | None]:
+        answer = self._ask(profile, "newcomer", cls, None)
+        return answer.per_job_bytes, answer.peak_p95_per_job_bytes
+
+    def learn(self, run: Run) -> None:
+        self.now = run.now
+        self.samples[run.profile.name].append(
+            learning.Sample(
+                node=run.node,
+                node_class=run.cls,
+                received_ms=run.now,
+                declared_per_job=run.size,
+                peak_per_job=run.peak,
+                declared_baseline=run.profile.baseline,
+                peak_baseline=run.profile.baseline,
+                concurrency=run.jobs,
+                outcome="oom-kill" if run.killed else "ok",
+            )
+        )
+
+
 @dataclass
 class Tally:
     started: int = 0
@@ -483,10 +525,18 @@ def options() -> argparse.Namespace:
         "--no-budget", action="store_true", help="the manager asked without budget_bytes: its percentile rule alone"
     )
     parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="the manager's rule called in process (learning.recommend), no HTTP and no database: seconds a run",
+    )
+    parser.add_argument(
         "--spread-min-jobs",
         type=int,
         metavar="N",
-        help=f"the fewest jobs a run that the manager sizes together (default {learning.SPREAD_MIN_JOBS})",
+        help=(
+            "the fewest jobs a run where the manager's size for a budget may be below its percentile rule's "
+            f"(default {learning.SPREAD_MIN_JOBS}; below it, only above)"
+        ),
     )
     return parser.parse_args()
 
@@ -495,6 +545,9 @@ def main() -> None:
     opts = options()
     if opts.spread_min_jobs is not None:
         learning.SPREAD_MIN_JOBS = opts.spread_min_jobs  # the manager runs in this process
+    if opts.direct:
+        compare(opts, Direct(budget=not opts.no_budget))
+        return
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{d}/fleet.db"
         migrate(url)
@@ -502,23 +555,28 @@ def main() -> None:
         store = make_store(url, clock)
         settings = Settings(db_url=url, agent_token="agent-secret-token", viewer_token=VIEWER)
         with local_client(create_app(settings, store)) as client:
-            ours = Ours(client, clock, budget=not opts.no_budget)
-            rng = random.Random(opts.seed)
-            world = Lognormal(rng) if opts.trace == "lognormal" else AlibabaTrace(rng, opts.trace_instances)
-            policies: dict[str, Any] = {
-                "static (declared)": Static(),
-                "VPA (P90+15%, x1.2)": Learner(0.90, 0.15, 24 * HOUR_MS, oom_bump=True),
-                "Autopilot (P98+10%)": Learner(0.98, 0.10, 48 * HOUR_MS, oom_bump=False),
-                "oomguard manager": ours,
-                "clairvoyant (sees peaks)": Clairvoyant(),
-            }
-            if hasattr(world, "kill_chance"):  # the default model's; the trace's tasks have none
-                for chance in ORACLE_CHANCES:
-                    policies[f"oracle, 1 in {round(1 / chance):,} runs"] = Oracle(world, chance)
-            tallies = simulate(policies, opts.nodes, opts.rounds, opts.seed, world)
-            report(tallies, policies, world, opts)
-            cold_start(ours, world)
-            converge(ours, world, opts.nodes, opts.rounds, opts.seed)
+            compare(opts, Ours(client, clock, budget=not opts.no_budget))
+
+
+def compare(opts: argparse.Namespace, ours: Ours | Direct) -> None:
+    """Every policy on the same jobs, side by side; then a new node of each class (``cold_start``)
+    and of each pair (``converge``), asked of *ours*."""
+    rng = random.Random(opts.seed)
+    world = Lognormal(rng) if opts.trace == "lognormal" else AlibabaTrace(rng, opts.trace_instances)
+    policies: dict[str, Any] = {
+        "static (declared)": Static(),
+        "VPA (P90+15%, x1.2)": Learner(0.90, 0.15, 24 * HOUR_MS, oom_bump=True),
+        "Autopilot (P98+10%)": Learner(0.98, 0.10, 48 * HOUR_MS, oom_bump=False),
+        "oomguard manager": ours,
+        "clairvoyant (sees peaks)": Clairvoyant(),
+    }
+    if hasattr(world, "kill_chance"):  # the default model's; the trace's tasks have none
+        for chance in ORACLE_CHANCES:
+            policies[f"oracle, 1 in {round(1 / chance):,} runs"] = Oracle(world, chance)
+    tallies = simulate(policies, opts.nodes, opts.rounds, opts.seed, world)
+    report(tallies, policies, world, opts)
+    cold_start(ours, world)
+    converge(ours, world, opts.nodes, opts.rounds, opts.seed)
 
 
 def report(tallies: dict[str, Tally], policies: dict[str, Any], world: Any, opts: argparse.Namespace) -> None:
@@ -556,7 +614,7 @@ def report(tallies: dict[str, Tally], policies: dict[str, Any], world: Any, opts
         print(f"  {'':<24} slack / idle room by class of node: {by_class}")
 
 
-def cold_start(ours: Ours, world: Any) -> None:
+def cold_start(ours: Ours | Direct, world: Any) -> None:
     """A new node of each class, per profile: its first size and its first P95 forecast against the
     true P95 of its (profile, class)'s per-job peak; how many of the pairs are within 5 %."""
     sizes: list[float] = []
@@ -585,7 +643,7 @@ def cold_start(ours: Ours, world: Any) -> None:
 NEW_RUNS = 3  # a new node's runs counted while it converges (the goal: <= 10 % slack by its third)
 
 
-def converge(ours: Ours, world: Any, nodes: int, rounds: int, seed: int) -> None:
+def converge(ours: Ours | Direct, world: Any, nodes: int, rounds: int, seed: int) -> None:
     """A new node of each (profile, class) the fleet ran joins after the day and runs ``NEW_RUNS``
     runs, as the fleet's nodes do (the manager asked with its budget before each, each run
     observed): its OOM kills, and the slack of its last run, 1 - the jobs' summed peaks / (jobs x

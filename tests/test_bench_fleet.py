@@ -65,21 +65,30 @@ def test_a_run_plans_with_its_policys_baseline_and_is_killed_by_the_real_one() -
 
 
 def test_the_bench_runs_small_against_the_real_manager_with_and_without_the_budget() -> None:
-    lines = {}
-    for flag in ("", "--no-budget"):
-        out = subprocess.run(
+    """Small (16 nodes, 20 runs) against the real manager, with and without the budget; and with
+    ``--direct`` (the rule in process, no HTTP, no database) the same output, line for line: the
+    API and the store answer what ``learning.recommend`` answers."""
+    outs = {}
+    for flag in ("", "--no-budget", "--direct", "--direct --no-budget"):
+        outs[flag] = subprocess.run(
             [sys.executable, str(REPO / "bench" / "fleet.py"), "--nodes", "16", "--rounds", "20", *flag.split()],
             capture_output=True,
             text=True,
             timeout=300,
             check=True,
         ).stdout
+    lines = {}
+    for flag in ("", "--no-budget"):
+        out = outs[flag]
         manager = [line for line in out.splitlines() if line.strip().startswith("oomguard manager")]
         assert len(manager) == 1, out
         assert "slack / idle room by class of node: h100-512g" in out and "a new node of a known class" in out, out
         assert "clairvoyant (sees peaks)" in out and "oracle, 1 in 10,000 runs" in out, out
         assert "a new node of each (profile, class) run, 3 runs: OOM kills " in out, out
+        assert "first P95 forecast / true P95 per-job peak - 1" in out, out
+        assert "the same runs sized by the oracle, 1 in 1,000 runs: slack" in out, out
         lines[flag] = manager[0]
+        assert outs[f"--direct {flag}".strip()] == out
     assert lines[""] != lines["--no-budget"], lines  # the budget changed the manager's sizes
 
 

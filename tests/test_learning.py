@@ -356,9 +356,36 @@ def test_a_run_of_many_jobs_keeps_room_for_their_sum_not_for_each_one() -> None:
     assert (jobs + 1) * mean + RUN_Z * spread * math.sqrt(jobs + 1) > 1000 * GiB
     assert 1000 * GiB // size == jobs and 88 < jobs < 100
     assert per_run_size(weighted[: SPREAD_MIN - 1], 1000 * GiB) is None  # too few samples
-    assert per_run_size(weighted, 60 * GiB) is None  # 5 jobs: the percentile rule's
+    small = per_run_size(weighted, 60 * GiB)  # 4 x 10 + 4 x 1.38 x 2 = 51 GiB; 5 jobs need 62.3
+    assert small is not None and small[1] == 4 and 60 * GiB // small[0] == 4
+    assert per_run_size(weighted, 15 * GiB) is None  # not one job: 10 + 4 x 1.38 GiB
     killed = [(sample(node=f"k{i}", peak=GiB, outcome="oom-kill", concurrency=16), 1.0) for i in range(20)]
     assert per_run_size([*weighted, *killed], 1000 * GiB) == sized  # a failed run's peak is only a lower bound
+
+
+def test_below_eight_jobs_a_run_the_sum_rule_only_guards() -> None:
+    """Runs of 2 jobs whose means alternate 8 and 12 GiB: one job's spread is sqrt(2) x 2 GiB, at
+    its upper bound about 4.7 GiB. A 70 GiB budget less the 33 GiB baseline leaves 37 GiB: the
+    sum rule fits 1 job (2 would need 20 + 4 x 4.7 x sqrt(2) = 46.6 GiB), where the percentile
+    rule's 12 x 1.1 GiB plans 2: the sum of a few jobs asks more, and is taken. With runs of 9.9
+    and 10.1 GiB it would plan 3 at a smaller size than the percentile rule's 11.1 GiB, also 3:
+    below 8 jobs that is not taken (a sum of a few heavy-tailed peaks is far from normal), and
+    the percentile rule's size stands, said."""
+    budget, base = 70 * GiB, math.ceil(30 * GiB * (1 + MARGIN))
+    wide = [sample(node=f"w{i}", peak=(8 if i % 2 else 12) * GiB, concurrency=2) for i in range(10)]
+    r = recommend(NOW, None, "c1", wide, budget=budget)
+    sized = per_run_size([(s, 1.0) for s in wide], budget - base)
+    assert r.baseline_bytes == base and sized is not None and sized[1] == 1
+    assert r.per_job_bytes == sized[0] > math.ceil(12 * GiB * (1 + MARGIN))
+    assert "1 job with 4 spreads x sqrt(1) free" in r.explanation[-1] and "the larger is taken" in r.explanation[-1]
+    tight = [sample(node=f"t{i}", peak=int((9.9 if i % 2 else 10.1) * GiB), concurrency=2) for i in range(10)]
+    r = recommend(NOW, None, "c1", tight, budget=budget)
+    percentile = math.ceil(int(10.1 * GiB) * (1 + MARGIN))
+    sized = per_run_size([(s, 1.0) for s in tight], budget - base)
+    assert sized is not None and sized[1] == 3 and sized[0] < percentile
+    assert r.per_job_bytes == percentile and (budget - base) // percentile == 3
+    stands = f"fewer than 8 jobs a run, where it is taken only above the percentile rule's: {percentile} bytes stands"
+    assert stands in r.explanation[-1]
 
 
 def test_one_job_s_p95_is_read_from_the_spread_of_the_runs_means() -> None:

@@ -28,14 +28,18 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   gets a size a plan can divide by (the VPA's floor is 250 MB, ``podMinMemoryMb``).
 - **For a budget** (``recommend(budget=...)``, the API's ``budget_bytes``): the size that fits the
   most jobs whose summed peaks keep ``RUN_Z`` (4) of the sum's standard deviations free
-  (``per_run_size``), from the node's or its class's runs that ended well (``SPREAD_MIN``, 10),
-  for runs of ``SPREAD_MIN_JOBS`` (8) jobs or more, in place of the percentile rule's: smaller for
-  many jobs, larger where the runs are wide. Where it is the smaller, the class's floor is
-  released once ``SPREAD_MIN`` runs have ended well since the failure that set it: the spread
-  then measures the jobs. ``bench/fleet.py`` over three seeds: from 8 jobs a run, about the same
-  OOM kills as the percentile rule alone and 3.3-4.4 points less slack (on the Alibaba jobs, 13
-  kills against its 24, none after their pair's first against 4); from 2 jobs, 2 more kills after
-  their pair's first in one seed, as the sum of a few heavy-tailed peaks is far from normal.
+  (``per_run_size``), from the node's or its class's runs that ended well (``SPREAD_MIN``, 10).
+  For runs of ``SPREAD_MIN_JOBS`` (8) jobs or more it is taken in place of the percentile rule's:
+  smaller for many jobs, larger where the runs are wide. Below 8 it only guards: taken where it
+  is larger (the sum of a few jobs needs more room than the percentile rule leaves), never where
+  smaller, as a sum of a few heavy-tailed peaks is far from normal. Where it is the smaller, the
+  class's floor is released once ``SPREAD_MIN`` runs have ended well since the failure that set
+  it: the spread then measures the jobs. ``bench/fleet.py`` over three seeds: from 8 jobs a run,
+  about the same OOM kills as the percentile rule alone and 3.3-4.4 points less slack (on the
+  Alibaba jobs, 13 kills against its 24, none after their pair's first against 4); taken smaller
+  from 2 jobs, 2 more kills after their pair's first in one seed; as a guard below 8 jobs, 5-6
+  fewer OOM kills in each seed (23, 18 and 28 against 28, 24 and 34), for the same slack (within
+  0.4 points) and 0.0-0.3 % fewer jobs per node-hour (BENCHMARKS.md, session 16).
 - **Held at the room** (with a budget): a size above the budget's room (the budget less the
   baseline) is held at the room, one job a run, where the jobs fit it: the class's own samples
   (however few; with none, those the size came from) have their weighted P98 per-job peak within
@@ -253,7 +257,8 @@ def per_run_size(weighted: Sequence[tuple[Sample, float]], room: int) -> tuple[i
     m s^2 + RUN_Z d s - room; the size is just over room / (n + 1), so ``room // size`` is n. Where
     the jobs' peaks are correlated (one input shared by every job of a run) the sum varies more
     than this, and the rule's kills tell it (the floor still holds). Below ``SPREAD_MIN_JOBS`` a
-    sum of a few heavy-tailed peaks is far from normal, and the caller keeps the percentile rule.
+    sum of a few heavy-tailed peaks is far from normal, and the caller takes this size only where
+    it asks more than the percentile rule. None where not one job fits.
     """
     moments = run_moments(weighted)
     if moments is None or room <= 0:
@@ -262,7 +267,7 @@ def per_run_size(weighted: Sequence[tuple[Sample, float]], room: int) -> tuple[i
     spread = seen * spread_bound(effective)
     root = (-RUN_Z * spread + math.sqrt((RUN_Z * spread) ** 2 + 4 * mean * room)) / (2 * mean)
     jobs = math.floor(root * root)
-    if jobs < SPREAD_MIN_JOBS:
+    if jobs < 1:
         return None
     return room // (jobs + 1) + 1, jobs, mean, spread
 
@@ -400,17 +405,20 @@ def _for_budget(
         size, jobs, mean, spread = sized
         words = (
             f"for {room} bytes of room: {name}'s mean per-job peak {round(mean)} bytes, spread {round(spread)}, "
-            f"{jobs} jobs with {RUN_Z:g} spreads x sqrt({jobs}) free: {size} bytes a job"
+            f"{jobs} job{'' if jobs == 1 else 's'} with {RUN_Z:g} spreads x sqrt({jobs}) free: {size} bytes a job"
         )
         if size >= job:  # wide runs: the sum needs more room than the percentile rule leaves
             said.append(words + f", above the percentile rule's {job} bytes: the larger is taken")
+        elif jobs < SPREAD_MIN_JOBS:  # a sum of a few heavy-tailed peaks is far from normal: it only guards
+            said.append(
+                words + f"; fewer than {SPREAD_MIN_JOBS} jobs a run, where it is taken only above the percentile "
+                f"rule's: {job} bytes stands"
+            )
+            return None
         else:
             said.append(words)
         return max(MIN_PER_JOB, size)
-    said.append(
-        f"for {room} bytes of room: no scope with {SPREAD_MIN} samples and {SPREAD_MIN_JOBS}+ jobs a run "
-        "for the spread; the percentile rule's"
-    )
+    said.append(f"for {room} bytes of room: no scope with {SPREAD_MIN} samples for the spread; the percentile rule's")
     return None
 
 
