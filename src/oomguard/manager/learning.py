@@ -68,10 +68,10 @@ the largest. That mean is what decides a kill when the peaks coincide; when they
 each job's own peak low, and a percentile of it sits below the percentile of single jobs
 (bench/fleet.py's cold-start line measures by how much). The forecast of one job's P95 reads the
 jobs' spread back out of the means' (d^2 = the mean of n (x - m)^2), so it does not shrink with
-n; its own biases: the normal's percentile on peaks skewed to the right (low for a heavy far
-tail, high where a rare tail inflates d: on bench/fleet.py's lognormal jobs with 1 % at 2x,
-+1.2 % at the median), correlated jobs in a run (high: their means vary more than d / sqrt(n)),
-and the runs that failed, left out with the largest sums (low).
+n. Its own biases: the normal's percentile on peaks skewed to the right (low for a heavy far
+tail; high where a rare tail inflates d: on bench/fleet.py's lognormal jobs with 1 % at 2x,
++1.1 % to +1.6 % at the median over three seeds); correlated jobs in a run (high: their means
+vary more than d / sqrt(n)); the runs that failed, left out with the largest sums (low).
 
 Node class: the observation's ``node_class`` (an operator's label), else derived from the node's
 latest report: the GPU model and the host's RAM to the nearest power of two GiB
@@ -104,7 +104,7 @@ CONFIDENCE_K = 5.0
 RUN_Z = 4.0  # standard deviations of a run's sum kept free: about 3 in 100,000 runs over, if normal
 SPREAD_CONFIDENCE_Z = 1.645  # the spread used is its one-sided 95 % upper bound (chi-square)
 SPREAD_MIN = 10  # samples of the node's or its class's before the spread is trusted
-SPREAD_MIN_JOBS = 8  # fewer jobs a run than this: the percentile rule (a sum of few is not normal)
+SPREAD_MIN_JOBS = 8  # fewer jobs a run: the size for a budget only guards the percentile rule's (few: not normal)
 # The standard normal's 95th percentile (NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.1,
 # "Cumulative Distribution Function of the Standard Normal Distribution": 0.95 at z = 1.645).
 P95_Z = 1.6449
@@ -395,7 +395,8 @@ def _for_budget(
     now_ms: int, scopes: Sequence[tuple[Source, str, list[Sample]]], room: int, job: int, said: list[str]
 ) -> int | None:
     """The per-run size (``per_run_size``) from the node's samples, else its class's, above or
-    below the percentile rule's *job*; None when neither scope knows the spread."""
+    below the percentile rule's *job* (below it only from ``SPREAD_MIN_JOBS`` jobs a run); None
+    when neither scope knows the spread, or the size for fewer jobs would be the smaller."""
     for scope, name, found in scopes:
         if scope == "fleet":
             break

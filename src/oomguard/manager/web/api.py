@@ -132,7 +132,8 @@ async def get_recommendation(
     """The size to plan *profile*'s jobs at on *node* (of *node_class*: default the node's): the
     node's own samples, else its class's, else the fleet's, else the size declared (``source``),
     with the floor an OOM kill or pressure stop raised, the samples and rule it came from
-    (``explanation``) and its ``confidence``. With *budget_bytes* (the run's budget), the size
+    (``explanation``) and its ``confidence``; beside it, a forecast of one job's P95 peak
+    (``peak_p95_per_job_bytes``: not a size to plan at). With *budget_bytes* (the run's budget), the size
     that fits the most jobs whose summed peaks keep ``learning.RUN_Z`` standard deviations under it, where the
     node's or its class's samples allow (docs/manager.md). A reader's token (or session) asks for any node; an
     agent's for its own (``plan --learned``, ``run --learned``): a node's token for that node
