@@ -717,7 +717,8 @@ def test_the_kernel_wakes_the_guard_as_usage_crosses_the_threshold(group: Group)
 
 
 # The supervisor in-process, live, with the guard's settings as JSON: {"margin_pct", "fast_interval",
-# "kernel_alarm"}. Grows by argv[2] MiB every argv[3] s until SIGTERM (written to argv[1], exit 0).
+# "kernel_alarm", "interval" (optional)}. Grows by argv[2] MiB every argv[3] s until SIGTERM (written
+# to argv[1], exit 0).
 LIVE = """
 import json, sys
 from oomguard.supervisor.config import GuardSettings
@@ -726,7 +727,8 @@ from oomguard.supervisor.restart import RestartPolicy
 from oomguard.supervisor.supervise import RunConfig, Supervisor
 events, opts, command = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
 fast, alarm = opts["fast_interval"], opts["kernel_alarm"]
-guard = GuardSettings((None, opts["margin_pct"]), fast_interval=fast, kernel_alarm=alarm)
+every = {"interval": opts["interval"]} if "interval" in opts else {}
+guard = GuardSettings((None, opts["margin_pct"]), fast_interval=fast, kernel_alarm=alarm, **every)
 config = RunConfig(command, policy=RestartPolicy("never"), guard=guard, stop_timeout=5.0)
 sys.exit(Supervisor(config, EventLog(events)).run())
 """
@@ -756,16 +758,22 @@ def run_live(
 
 @needs_cgroup
 def test_the_kernel_s_wake_up_stops_a_fast_grower_within_a_2_percent_margin(group: Group, tmp_path: Path) -> None:
-    # 800 MiB/s, about 80 MiB between two samples 100 ms apart, against a 10 MiB margin: sampling alone
-    # (fast sampling is off here) sees the group only after the kernel has killed (measured: OOM-killed in
-    # 5 of 5 runs without the wake-up); with it, stopped 0-3 MiB past the stop line in 5 of 5.
+    # 100 MiB/s against a 10 MiB margin: 100 ms from the stop line to the limit, and 200 MiB between
+    # two samples 2 s apart (fast sampling as slow), so sampling alone lands in those 100 ms 1 time in 20;
+    # the kernel's wake-up stops it (measured: OOM-killed in 5 of 5 runs with the wake-up off, stopped
+    # in 5 of 5 with it, and in 6 of 6 niced beside three spinning processes on 2 CPUs). It was
+    # 800 MiB/s (12 ms to act) with samples 100 ms apart:
+    # stopped 0-3 MiB past the line in 5 of 5 quiet runs, OOM-killed in 5 of 5 without the wake-up,
+    # but missed under stress (stop 26's note: 3 of 7 stressed rounds had a fast grower's test fail,
+    # this one among them), and how fast the guard acts is bench/guard_latency.py's to measure.
     if VERSION != 1:
         pytest.skip("usage thresholds are cgroup v1's; v2's memory.events runs in the VM")
-    rc, ev = run_live(group, tmp_path, 4, 0.005, margin_pct=2.0, fast_interval=0.1, kernel_alarm=True)
+    rc, ev = run_live(group, tmp_path, 4, 0.04, margin_pct=2.0, interval=2.0, fast_interval=2.0, kernel_alarm=True)
     end = ev[-1]
     assert rc == 0 and (end["reason"], end["oom_kills"]) == ("pressure-stop", 0), end
     assert group.oom_kills() == 0 and (tmp_path / "marker").read_text() == "TERM\n"
     assert 501 * MiB < end["working_set_peak_bytes"] < 512 * MiB  # past the stop line (512 - 10.24 MiB)
+    assert re.search(r"woken by the kernel [1-9]\d* time", end["message"]), end["message"]
 
 
 @needs_cgroup
