@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
 from oomguard.manager.app import create_app
+from oomguard.manager.bodies import INT_LIMIT
 from oomguard.manager.db import events, latest_reports, make_engine, migrate, nodes
 from oomguard.manager.settings import Settings
 from tests.helpers.fuzz import examples
@@ -281,7 +282,7 @@ def _has_infinity(value: Any) -> bool:  # JSON's floats() may draw one: refused 
 
 
 def _has_huge(value: Any) -> bool:  # an integer no column holds: refused for that, maybe before a NUL
-    return _has(value, lambda v: isinstance(v, int) and not isinstance(v, bool) and not -(2**63) < v < 2**63)
+    return _has(value, lambda v: isinstance(v, int) and not isinstance(v, bool) and not -INT_LIMIT <= v <= INT_LIMIT)
 
 
 @st.composite
