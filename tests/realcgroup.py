@@ -67,12 +67,14 @@ class Group:
         line = next(x for x in (self.dir / name).read_text().splitlines() if x.startswith("oom_kill "))
         return int(line.split()[1])
 
-    def run(self, *cmd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run *cmd* with its process placed in this group before it starts."""
+    def run(
+        self, *cmd: str, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run *cmd* with its process placed in this group before it starts (*timeout*: only bounds a hang)."""
         procs = self.dir / "cgroup.procs"
         script = f'echo $$ > "{procs}" && exec "$@"'
         return subprocess.run(
-            ["/bin/sh", "-c", script, "sh", *cmd], capture_output=True, text=True, env=env, timeout=120
+            ["/bin/sh", "-c", script, "sh", *cmd], capture_output=True, text=True, env=env, timeout=timeout
         )
 
     def close(self) -> None:

@@ -9,7 +9,9 @@ PostgreSQL, for fleets built around the boundaries where SQL and Python could di
 - the working-set line (``ws >= line * eff``, or ``ws > budget``): working sets near the product
   and the budget, for two lines, with the report just current and just not;
 - NULL host, budget or limit; offline, run-only, refused and archived nodes; OOM kills and pressure
-  stops just inside and on the one-hour line.
+  stops just inside and on the one-hour line;
+- a consumer's own budget (``consumer_budget_bytes``) one byte either side of the limit, at it, and
+  NULL, with and without the kept ``consumers`` list its message names.
 """
 
 from __future__ import annotations
@@ -94,11 +96,20 @@ def working_sets(eff: int | None, budget: int | None) -> list[int | None]:
     return [None, *sorted(out)]
 
 
+def consumer_columns(eff: int | None, rnd: random.Random) -> dict[str, Any]:
+    """A consumer's budget around *eff* (or none), with its kept list or without (the message's fallback)."""
+    budgets = [None] if eff is None else [None, max(0, eff - 1), eff, min(BIG, eff + 1), BIG]
+    budget = rnd.choice(budgets)
+    listed = [{"name": "cuzk", "budget_bytes": budget, "used_bytes": None, "available_bytes": None}]
+    return {"consumer_budget_bytes": budget, "consumers": rnd.choice([None, json.dumps(listed)])}
+
+
 def build_fleet(url: str, seed: int) -> None:
     """Nodes with the budget rows above, random statuses, warnings, working sets, refusals and
     recent exits (by *seed*)."""
     rnd = random.Random(seed)
     more = random.Random(-seed)  # the runtimes and labels: drawn apart, the rest stays as it was
+    consumer = random.Random(seed + 1000)  # the consumers' budgets: apart too
     node_rows, event_rows, label_rows = [], [], []
     for i, (eff, host, budget) in enumerate(budget_rows()):
         name = rnd.choice(["n", "N", "a", "Z", "m_", "m-", "m.", "0"]) + f"{i:04d}-{rnd.randrange(10**6)}"
@@ -124,6 +135,7 @@ def build_fleet(url: str, seed: int) -> None:
                 "refused_exit_code": 3 if refused else None,
                 "refused_message": "plan: 0 jobs of 24 GiB fit the 16 GiB budget" if refused else None,
                 "runtime": more.choice([None, "docker", "kubernetes", "podman"]),
+                **consumer_columns(eff, consumer),
             }
         )
         if more.random() < 0.6:

@@ -91,6 +91,20 @@ def test_the_default_gate_is_check_require_then_run(tmp_path: Path) -> None:
     assert (agent.once, agent.max_time, agent.gate, agent.gate_exit) == (True, "10s", "check", "0")
 
 
+def test_cuzk_config_goes_to_run(tmp_path: Path) -> None:
+    """OOMGUARD_CUZK_CONFIG: `run --cuzk FILE` (and --cuzk-out), parsed by the real parser; not before."""
+    env = {"OOMGUARD_CUZK_CONFIG": "/data/zk/cuzk.toml", "OOMGUARD_CUZK_OUT": "/run/cuzk/cuzk.toml"}
+    proc, calls = _entrypoint(tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    cuzk = ["--cuzk", "/data/zk/cuzk.toml", "--cuzk-out", "/run/cuzk/cuzk.toml"]
+    assert calls[-1] == ["run", "--manager", URL, *cuzk, "--", *WORKER]
+    args = parse(calls[-1])
+    assert (args.cuzk, args.cuzk_out, worker_argv(args)) == ("/data/zk/cuzk.toml", "/run/cuzk/cuzk.toml", WORKER)
+    (tmp_path / "default").mkdir()
+    proc, calls = _entrypoint(tmp_path / "default", OOMGUARD_CUZK_CONFIG="/data/zk/cuzk.toml")
+    assert calls[-1] == ["run", "--manager", URL, "--cuzk", "/data/zk/cuzk.toml", "--", *WORKER]
+
+
 def test_plan_and_verify_run_with_the_shape_and_run_gets_it_too(tmp_path: Path) -> None:
     env = {
         "OOMGUARD_PLAN_ARGS": "--profile porep-c2-32g --margin 5%",
@@ -268,7 +282,7 @@ def test_the_real_gate_refuses_a_plan_that_fits_no_job(group: Group, tmp_path: P
     assert "gate: oomguard plan failed (exit 3), the report waits in the spool;" in proc.stderr
     report, event = _spooled(tmp_path)
     assert report["report"]["plan"]["concurrency"] == 0  # the one-shot report carries the plan
-    assert event["event"]["message"] == "--require-jobs: 0 jobs fit, 1 required"
+    assert event["event"]["message"] == "--require-jobs: 0 jobs fit, 1 required (budget 768 MiB / 1 GiB per job)"
 
 
 # -- in front of a small HTTP server that records what it is sent --------------------------------
@@ -328,7 +342,7 @@ def test_a_refused_plan_sends_the_plan_steps_numbers(group: Group, recorder: Fak
     report, event = _bodies(recorder)
     assert "labels" not in report and "labels" not in event  # none set: none sent
     assert event["event"]["step"] == "plan" and event["event"]["exit_code"] == 3
-    assert event["event"]["message"] == "--require-jobs: 0 jobs fit, 1 required"
+    assert event["event"]["message"] == "--require-jobs: 0 jobs fit, 1 required (budget 768 MiB / 1 GiB per job)"
     assert report["report"]["plan"]["concurrency"] == 0
 
 

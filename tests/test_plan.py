@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -140,7 +141,10 @@ def test_plan_command_refuses_a_pinned_baseline_above_memlock(tmp_path: Path) ->
     args = ("plan", "--root", str(tree), "--per-job", "14GiB", "--pinned-baseline", "44GiB", "--require-jobs", "1")
     proc = run_oomguard(*args)
     assert proc.returncode == 3, proc
-    assert proc.stderr == "oomguard: error: --require-jobs: 0 jobs fit, 1 required\n"
+    assert proc.stderr == (
+        "oomguard: error: --require-jobs: 0 jobs fit, 1 required "
+        "(budget 390 GiB - 44 GiB baseline = 346 GiB / 14 GiB per job; memlock binds at 0)\n"
+    )
     assert proc.stdout.startswith("oomguard plan: 0 jobs, memlock binds: the 44 GiB pinned baseline is above")
     assert "memlock-too-low: RLIMIT_MEMLOCK (8 MiB) is below the 44 GiB pinned baseline" in proc.stdout
     # the same pinned memory registered for RDMA (ibv_reg_mr) is charged to RLIMIT_MEMLOCK too
@@ -264,6 +268,7 @@ def test_builtin_profiles_carry_the_provers_numbers() -> None:
         "pinned_baseline": 44 * GiB,
         "pin_method": "cuda",
         "max_jobs": 18,
+        "consumer": "cuzk",
     }
     # every CuZK profile pins its SRS through CUDA (cudaHostAlloc), never through mlock
     assert {p["pin_method"] for p in profiles.values()} == {"cuda"}
@@ -311,11 +316,13 @@ def test_plan_command_json_and_require_jobs(tmp_path: Path) -> None:
     assert out["report"]["budget"]["bytes"] == 9 * GiB
     assert out["shape"]["per_job_bytes"] == GiB
     short = run_oomguard("plan", "--root", tree, "--per-job", "1GiB", "--require-jobs", "10")
-    assert short.returncode == 3 and short.stderr == "oomguard: error: --require-jobs: 9 jobs fit, 10 required\n"
+    assert short.returncode == 3
+    assert short.stderr == "oomguard: error: --require-jobs: 9 jobs fit, 10 required (budget 9 GiB / 1 GiB per job)\n"
     assert short.stdout.startswith("oomguard plan: 9 jobs, memory binds: 9 GiB budget / 1 GiB per job")
     assert run_oomguard("plan", "--root", tree, "--per-job", "1GiB", "--require-jobs", "9").returncode == 0
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="TOML profiles need tomllib: Python >= 3.11")
 def test_profile_flags_override_and_user_files(tmp_path: Path) -> None:
     tree = str(make_tree(tmp_path, limit=str(400 * GiB), mem_total_kb=512 * 1024**2))
     proc = run_oomguard("plan", "--json", "--root", tree, "--profile", "porep-c2-32g", "--max-jobs", "4")
@@ -345,6 +352,7 @@ def test_profile_flags_override_and_user_files(tmp_path: Path) -> None:
     assert listing.returncode == 0 and "porep-c2-32g" in listing.stdout and "mine" in listing.stdout
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="TOML profiles need tomllib: Python >= 3.11")
 def test_list_profiles_shows_every_field_and_nothing_dangling(tmp_path: Path) -> None:
     """``plan --list-profiles``: each profile's name and description, every shape field as the planner
     takes it (pinned_baseline and pin_method included; "(default)" where the profile leaves one out),
@@ -446,3 +454,176 @@ def test_a_library_shape_takes_cpus_per_job_in_the_same_range_as_the_flag(cpus: 
     with pytest.raises(BadParameter, match=r"cpus_per_job: must be from 0\.001 to 1e\+06"):
         Shape(per_job=GiB, cpus_per_job=cpus)
     assert Shape(per_job=GiB, cpus_per_job=0.001).cpus_per_job == 0.001
+
+
+# --- CuZK's own arithmetic (policy/cuzk.py) ---------------------------------------------------------
+
+
+def cuzk_shape(name: str) -> Shape:
+    fields = profile_values(name, load_profiles()[name])
+    return Shape(cast("int", fields.pop("per_job")), **fields)  # type: ignore[arg-type]
+
+
+def test_cuzk_workers_are_max_2_min_budget_over_14_gib_18() -> None:
+    from oomguard.policy import cuzk
+
+    # engine.rs L1413, L1433-1437: the PoRep 14 GiB for every circuit, never below 2, 18 by default
+    assert [cuzk.workers(b * GiB) for b in (0, 20, 27, 28, 90, 252, 300)] == [2, 2, 2, 2, 6, 18, 18]
+    assert cuzk.workers(300 * GiB, max_parallel_synthesis=4) == 4
+    assert cuzk.workers(300 * GiB, max_parallel_synthesis=30) == 21  # 300 / 14
+
+
+def test_cuzk_partitions_count_the_srs_and_pce_in_the_same_budget() -> None:
+    from oomguard.policy import cuzk
+
+    porep = cuzk_shape("porep-c2-32g")
+    assert porep.consumer == "cuzk" and (porep.baseline, porep.per_job) == (70 * GiB, 14 * GiB)
+    assert cuzk.partitions(300 * GiB, porep) == 16  # floor((300 - 70) / 14); 18 workers
+    assert cuzk.partitions(224 * GiB, porep) == 11  # the jobs' share only (16 x 14): 31 % fewer
+    assert cuzk.partitions(84 * GiB, porep) == 1 and cuzk.partitions(84 * GiB - 1, porep) == 0
+    assert cuzk.partitions(20 * GiB, porep) == 0  # below the SRS: its acquire waits for ever
+    assert cuzk.partitions(600 * GiB, porep) == 18  # 37 would fit: the 18 workers bind
+    assert cuzk.partitions(300 * GiB, cuzk_shape("snapdeals")) == 18  # (300 - 50) / 9 = 27
+    assert cuzk.partitions(200 * GiB, cuzk_shape("window-post")) == 8  # (200 - 83) / 14
+    assert cuzk.partitions(16 * GiB, cuzk_shape("winning-post")) == 2  # 30 fit, 2 workers (16 / 14 -> 2)
+
+
+@given(budget=st.integers(0, 2**45), per_job=sizes, baseline=st.integers(0, 2**43))
+def test_cuzk_partitions_always_fit_beside_the_resident_parts(budget: int, per_job: int, baseline: int) -> None:
+    from oomguard.policy import cuzk
+
+    shape = Shape(per_job, baseline, consumer="cuzk")
+    n = cuzk.partitions(budget, shape)
+    assert 0 <= n <= cuzk.workers(budget)
+    assert n == 0 or baseline + n * per_job <= budget
+    assert n == cuzk.workers(budget) or baseline + (n + 1) * per_job > budget  # one more would not fit
+
+
+def test_the_plan_of_a_cuzk_profile_says_cuzks_partitions(tmp_path: Path) -> None:
+    tree = str(make_tree(tmp_path, limit=str(400 * GiB), mem_total_kb=512 * 1024**2))
+    args = ("plan", "--root", tree, "--profile", "porep-c2-32g", "--budget", "300GiB")
+    out = json.loads(run_oomguard(*args, "--json").stdout)
+    assert out["cuzk"] == {
+        "total_budget_bytes": 300 * GiB,
+        "resident_bytes": 70 * GiB,
+        "partition_bytes": 14 * GiB,
+        "workers": 18,
+        "partitions": 16,
+    }
+    assert "cuzk-no-partition" not in {w["code"] for w in out["report"]["warnings"]}
+    human = run_oomguard(*args)
+    assert human.returncode == 0
+    assert (
+        f"  cuzk       16 partitions at once with total_budget 300 GiB (= {300 * GiB}): "
+        "min(floor((300 GiB - 70 GiB SRS and PCE) / 14 GiB per partition), 18 workers)\n"
+    ) in human.stdout
+    plain = json.loads(run_oomguard("plan", "--root", tree, "--per-job", "14GiB", "--json").stdout)
+    assert plain["cuzk"] is None  # not a CuZK shape
+    assert "  cuzk " not in run_oomguard("plan", "--root", tree, "--per-job", "14GiB").stdout
+
+
+def test_a_cuzk_budget_below_one_partition_warns() -> None:
+    report = report_with(80 * GiB)
+    p = plan(report, cuzk_shape("porep-c2-32g"))
+    assert p["cuzk"]["partitions"] == 0 and p["cuzk"]["workers"] == 5
+    assert {
+        "code": "cuzk-no-partition",
+        "message": (
+            "CuZK's total_budget 80 GiB holds not even its SRS + PCE 70 GiB + one partition 14 GiB = 84 GiB: "
+            "its budget.acquire waits for ever and no proof starts"
+        ),
+    } in report["warnings"]
+    enough = report_with(84 * GiB)
+    assert plan(enough, cuzk_shape("porep-c2-32g"))["cuzk"]["partitions"] == 1
+    assert "cuzk-no-partition" not in {w["code"] for w in enough["warnings"]}
+    unknown = report_with(None)
+    assert plan(unknown, cuzk_shape("porep-c2-32g"))["cuzk"] == {
+        "total_budget_bytes": None,
+        "resident_bytes": 70 * GiB,
+        "partition_bytes": 14 * GiB,
+        "workers": None,
+        "partitions": None,
+    }
+    assert "cuzk-no-partition" not in {w["code"] for w in unknown["warnings"]}
+
+
+def test_user_profiles_may_name_cuzk_or_nothing(tmp_path: Path) -> None:
+    tree = str(make_tree(tmp_path, limit=str(400 * GiB), mem_total_kb=512 * 1024**2))
+    user = tmp_path / "p.json"
+    user.write_text(
+        json.dumps(
+            {"plain": {"per_job": "10GiB"}, "mine": {"per_job": "10GiB", "baseline": "40GiB", "consumer": "cuzk"}}
+        )
+    )
+    base = ("plan", "--json", "--root", tree, "--profiles", str(user), "--budget", "100GiB", "--profile")
+    assert json.loads(run_oomguard(*base, "plain").stdout)["cuzk"] is None
+    mine = json.loads(run_oomguard(*base, "mine").stdout)["cuzk"]
+    assert (mine["partitions"], mine["workers"]) == (6, 7)  # (100 - 40) / 10; 100 / 14
+    user.write_text(json.dumps({"odd": {"per_job": "10GiB", "consumer": "llama"}}))
+    proc = run_oomguard(*base, "odd")
+    assert proc.returncode == 2
+    assert proc.stderr == "oomguard: error: profile 'odd': consumer: expected one of cuzk, got 'llama'\n"
+    with pytest.raises(BadParameter, match="consumer: must be one of cuzk, got 'llama'"):
+        Shape(GiB, consumer="llama")
+
+
+# --- pinned sizes are part of the memory they pin ----------------------------------------------------
+
+
+def test_a_pinned_size_above_its_whole_raises_it() -> None:
+    shape = Shape(GiB, pinned_baseline=8 * GiB, pin_method="cuda")
+    assert (shape.baseline, shape.per_job) == (8 * GiB, GiB)
+    assert shape.raised == ("baseline raised from 0 B to the 8 GiB pinned baseline",)
+    shape = Shape(GiB, 2 * GiB, pinned_per_job=3 * GiB, pinned_baseline=GiB)
+    assert (shape.baseline, shape.per_job) == (2 * GiB, 3 * GiB)
+    assert shape.raised == ("per job raised from 1 GiB to the 3 GiB pinned per job",)
+    kept = Shape(14 * GiB, 70 * GiB, pinned_per_job=GiB, pinned_baseline=44 * GiB)
+    assert (kept.baseline, kept.per_job, kept.raised) == (70 * GiB, 14 * GiB, ())
+    p = plan(report_with(21 * GiB), Shape(GiB, pinned_baseline=8 * GiB, pin_method="cuda"))
+    assert p["concurrency"] == 13 and p["shape"]["baseline_bytes"] == 8 * GiB
+    assert p["explanation"] == (
+        "13 jobs, memory binds: (21 GiB budget - 8 GiB baseline) / 1 GiB per job "
+        "(baseline raised from 0 B to the 8 GiB pinned baseline: pinned memory is part of the memory it pins)"
+    )
+    with pytest.raises(BadParameter, match="baseline: must not be negative"):
+        Shape(GiB, -1)
+    with pytest.raises(BadParameter, match="pinned_baseline: must not be negative"):
+        Shape(GiB, pinned_baseline=-1)
+
+
+READMES_EXAMPLE_MESSAGE = (
+    "oomguard: error: --require-jobs: 13 jobs fit, 14 required "
+    "(budget 21.19 GiB - 8 GiB baseline = 13.19 GiB / 1 GiB per job)\n"
+)
+
+
+def test_the_readmes_pinned_example_counts_the_pinned_baseline(tmp_path: Path) -> None:
+    """``plan --per-job 1GiB --pinned-baseline 8GiB --pin-method cuda`` planned 21 jobs in 21.19 GiB."""
+    tree = str(make_tree(tmp_path, limit=str(400 * GiB), mem_total_kb=512 * 1024**2))
+    flags = ("--per-job", "1GiB", "--pinned-baseline", "8GiB", "--pin-method", "cuda")
+    base = ("plan", "--root", tree, "--budget", "21.19GiB")
+    out = json.loads(run_oomguard(*base, *flags, "--json").stdout)
+    assert (out["concurrency"], out["shape"]["baseline_bytes"]) == (13, 8 * GiB)
+    proc = run_oomguard(*base, *flags, "--require-jobs", "14")
+    assert proc.returncode == 3 and proc.stderr == READMES_EXAMPLE_MESSAGE
+    assert "(baseline raised from 0 B to the 8 GiB pinned baseline" in proc.stdout
+    assert run_oomguard(*base, *flags, "--require-jobs", "13").returncode == 0
+    user = tmp_path / "p.json"  # the same shape from a profile file: the same rule
+    user.write_text(json.dumps({"pinned": {"per_job": "1GiB", "pinned_baseline": "8GiB", "pin_method": "cuda"}}))
+    proc = run_oomguard(*base, "--profiles", str(user), "--profile", "pinned", "--require-jobs", "14")
+    assert proc.returncode == 3 and proc.stderr == READMES_EXAMPLE_MESSAGE
+    user.write_text(json.dumps({"pinned": {"per_job": "1GiB", "pinned_per_job": "2GiB", "pin_method": "cuda"}}))
+    out = json.loads(run_oomguard(*base, "--profiles", str(user), "--profile", "pinned", "--json").stdout)
+    assert (out["concurrency"], out["shape"]["per_job_bytes"]) == (10, 2 * GiB)  # 21.19 GiB / 2 GiB
+    out = json.loads(run_oomguard(*base, "--per-job", "1GiB", "--pinned-per-job", "2GiB", "--json").stdout)
+    assert (out["concurrency"], out["shape"]["per_job_bytes"]) == (10, 2 * GiB)
+
+
+def test_require_jobs_says_the_binding_constraint_beside_the_memory_numbers(tmp_path: Path) -> None:
+    tree = str(make_tree(tmp_path, limit=str(400 * GiB), mem_total_kb=512 * 1024**2))
+    proc = run_oomguard("plan", "--root", tree, "--per-job", "1GiB", "--max-jobs", "3", "--require-jobs", "5")
+    assert proc.returncode == 3
+    assert proc.stderr == (
+        "oomguard: error: --require-jobs: 3 jobs fit, 5 required "
+        "(budget 390 GiB / 1 GiB per job; max_jobs binds at 3)\n"
+    )

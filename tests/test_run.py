@@ -83,15 +83,16 @@ def test_plan_placeholders_follow_the_plan_and_its_step_downs() -> None:
         "budget_bytes": str(246 * GiB),
         "budget": "246GiB",
         "budget_gib": "246",
+        "total_budget_bytes": str(246 * GiB),  # no step-down: the whole budget
         "concurrency": "12",
         "per_job_bytes": str(14 * GiB),
         "jobs_budget_bytes": str(176 * GiB),  # budget - baseline
         "jobs_bytes": str(12 * 14 * GiB),  # what the 12 jobs run now may use
     }
-    # CuZK's own rule, max(2, min(budget / 14 GiB, 18)), given {jobs_bytes}: exactly the jobs planned,
-    # 70 + 12 x 14 = 238 GiB <= 246 GiB; given {budget} it would run 17 workers, 308 GiB.
-    assert max(2, min(int(values["jobs_bytes"]) // (14 * GiB), 18)) == 12
-    assert max(2, min(246 * GiB // (14 * GiB), 18)) == 17
+    # CuZK reserves its 70 GiB of SRS and PCE from the same total (engine.rs L2187-2193): given the whole
+    # budget it fits (246 - 70) / 14 = 12 partitions, the jobs planned; given {jobs_bytes} only 7.
+    assert (int(values["total_budget_bytes"]) - 70 * GiB) // (14 * GiB) == 12
+    assert (int(values["jobs_bytes"]) - 70 * GiB) // (14 * GiB) == 7
     assert worker_values(60 * GiB, 0, shape)["jobs_budget_bytes"] == "0"  # never negative
     env, args = worker_env_and_args(["w", "{jobs_bytes}"], 246 * GiB, 11, shape)
     assert args == ["w", str(11 * 14 * GiB)]

@@ -14,7 +14,8 @@
 #
 #   oomguard agent --manager "$OOMGUARD_MANAGER" [$OOMGUARD_AGENT_ARGS] [$OOMGUARD_PLAN_ARGS] \
 #       --gate STEP --gate-exit 0 --gate-message "passed: ..." &              # this container's report, every 30s
-#   oomguard run --manager "$OOMGUARD_MANAGER" [$OOMGUARD_RUN_ARGS] [$OOMGUARD_PLAN_ARGS] -- my-worker --budget {budget}
+#   oomguard run --manager "$OOMGUARD_MANAGER" [--cuzk $OOMGUARD_CUZK_CONFIG] [$OOMGUARD_RUN_ARGS] \
+#       [$OOMGUARD_PLAN_ARGS] -- my-worker --budget {budget}
 #
 # The agent gets the plan arguments too, so its reports carry the plan; its first report is
 # followed by a passed gate event (step: the last step run), which clears a node refused before.
@@ -61,6 +62,13 @@
 #   OOMGUARD_REQUIRE_JOBS     `plan --require-jobs N` (default 1)
 #   OOMGUARD_VERIFY           "on": also `oomguard verify` (allocates the plan for real; default off)
 #   OOMGUARD_VERIFY_ARGS      extra `oomguard verify` flags: --fraction 0.5 --hold 3
+# CuZK (docs/cuzk.md): the public cuzk-daemon takes its budget only from its config file:
+#   OOMGUARD_CUZK_CONFIG      the operator's CuZK config (a template, never written): `oomguard run
+#                             --cuzk FILE` writes it afresh before each start with [memory] total_budget
+#                             = the safe budget in bytes, and passes `--config` the result; a path
+#                             without blanks. The CMD is then `cuzk-daemon` (no --config of its own)
+#   OOMGUARD_CUZK_OUT         where that config is written (default: beside it, NAME.oomguard.toml;
+#                             set it when the template's directory is read-only, e.g. a ConfigMap)
 #   OOMGUARD_ALLOW_OVER_LIMIT "1": an explicit budget (OOMGUARD_BUDGET, --budget) above the hard
 #                             ceiling passes the gate and `run` (read by oomguard itself; default: every
 #                             step refuses it with exit 3, since a worker that uses it is OOM-killed)
@@ -91,6 +99,11 @@ fi
 
 # agent FLAGS...: exec `oomguard agent` for this node with the plan flags (its reports carry the
 # plan); called in a subshell, `( agent ... )` or `agent ... &`, so that $! is the agent itself.
+cuzk=
+if [ -n "${OOMGUARD_CUZK_CONFIG:-}" ]; then
+    cuzk="--cuzk $OOMGUARD_CUZK_CONFIG${OOMGUARD_CUZK_OUT:+ --cuzk-out $OOMGUARD_CUZK_OUT}"
+fi
+
 agent() {
     # shellcheck disable=SC2086 # word splitting of $node and the *_ARGS variables is wanted
     exec oomguard agent --manager "$OOMGUARD_MANAGER" $node ${OOMGUARD_AGENT_ARGS:-} ${OOMGUARD_PLAN_ARGS:-} "$@"
@@ -151,8 +164,8 @@ if [ "${OOMGUARD_AGENT:-on}" = off ]; then
     if [ -n "$gate_step" ]; then # no agent to send it with its first report: a one-shot one
         ( agent --once --max-time 10s --gate "$gate_step" --gate-exit 0 --gate-message "passed: $passed" ) || :
     fi
-    # shellcheck disable=SC2086 # word splitting of $node and $OOMGUARD_RUN_ARGS is wanted
-    exec oomguard run --manager "$OOMGUARD_MANAGER" $node ${OOMGUARD_RUN_ARGS:-} ${OOMGUARD_PLAN_ARGS:-} -- "$@"
+    # shellcheck disable=SC2086 # word splitting of $node, $cuzk and $OOMGUARD_RUN_ARGS is wanted
+    exec oomguard run --manager "$OOMGUARD_MANAGER" $node $cuzk ${OOMGUARD_RUN_ARGS:-} ${OOMGUARD_PLAN_ARGS:-} -- "$@"
 fi
 
 if [ -n "$gate_step" ]; then
@@ -162,7 +175,7 @@ else
 fi
 agent=$!
 # shellcheck disable=SC2086
-oomguard run --manager "$OOMGUARD_MANAGER" $node ${OOMGUARD_RUN_ARGS:-} ${OOMGUARD_PLAN_ARGS:-} -- "$@" &
+oomguard run --manager "$OOMGUARD_MANAGER" $node $cuzk ${OOMGUARD_RUN_ARGS:-} ${OOMGUARD_PLAN_ARGS:-} -- "$@" &
 run=$!
 
 forward() {

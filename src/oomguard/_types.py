@@ -180,6 +180,16 @@ class PlanShape(TypedDict):
     cpus_per_job: float | None
 
 
+class PlanCuzk(TypedDict):
+    """CuZK's own count at the plan's budget (``policy/cuzk.py``); sizes from the profile."""
+
+    total_budget_bytes: int | None
+    resident_bytes: int
+    partition_bytes: int
+    workers: int | None
+    partitions: int | None
+
+
 class Plan(TypedDict):
     """``policy.plan.make_plan``'s result; a report carries it as ``plan`` when a job shape was given."""
 
@@ -189,6 +199,18 @@ class Plan(TypedDict):
     headroom_bytes: int | None
     explanation: str
     shape: PlanShape
+    cuzk: PlanCuzk | None
+
+
+class ConsumerEntry(TypedDict):
+    """A memory consumer's own view of its budget (``agent --cuzk-status``: ``agent/consumers.py``)."""
+
+    name: str
+    url: str
+    budget_bytes: int | None
+    used_bytes: int | None
+    available_bytes: int | None
+    error: str | None
 
 
 class _ReportRequired(TypedDict):
@@ -206,6 +228,8 @@ class _ReportRequired(TypedDict):
 
 
 class Report(_ReportRequired, total=False):
-    """The report; ``plan`` is there only when a job shape was given (``agent --per-job``)."""
+    """The report; ``plan`` is there only when a job shape was given (``agent --per-job``);
+    ``consumers`` only in an agent's report with ``--cuzk-status``."""
 
     plan: Plan
+    consumers: list[ConsumerEntry]

@@ -58,6 +58,8 @@ WARNING_CODES: dict[str, str] = {
     "OOM-killed since it was made.",
     "pin-probe-failed": "check --probe-mlock / --probe-pinned: the child could not page-lock the size asked "
     "for (mlock or cudaHostAlloc failed): pinning that much will fail for the worker too.",
+    "cuzk-no-partition": "A CuZK profile's plan: the budget, given to CuZK as its total_budget, holds not "
+    "even its SRS + PCE and one partition, so CuZK's budget.acquire waits for ever and no proof starts.",
 }
 
 MEMLOCK_LOW_BYTES = 64 * 1024 * 1024

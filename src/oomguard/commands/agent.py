@@ -101,15 +101,31 @@ def _gate_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _consumer_options(parser: argparse.ArgumentParser) -> None:
+    from oomguard.agent.consumers import MAX_BYTES, TIMEOUT_S
+
+    group = parser.add_argument_group("consumer options (docs/agent.md)")
+    flags.option(
+        group,
+        "--cuzk-status",
+        "also poll CuZK's status server (its [daemon] status_listen, e.g. http://127.0.0.1:9821; the path "
+        f"defaults to /status) before each report, and send CuZK's own budget and use beside the kernel's view "
+        f"(the report's consumers; within {TIMEOUT_S:g}s and {MAX_BYTES >> 20} MiB, else the reason, never a guess)",
+        "URL",
+    )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "%(prog)s --manager URL [--token T] [--node NAME] [--label KEY=VALUE]... [--interval 30s] "
-        "[--once [--max-time DURATION]] [--spool DIR] [--gate STEP [--gate-exit N] [--gate-message TEXT]]"
+        "[--once [--max-time DURATION]] [--spool DIR] [--gate STEP [--gate-exit N] [--gate-message TEXT]] "
+        "[--cuzk-status URL]"
     )
     parser.description = SUMMARY
     parser.epilog = "With plan flags the report carries the plan (concurrency, memlock need) too.\n" + flags.DURATIONS
     add_fleet_options(parser, run=False)
     _gate_options(parser)
+    _consumer_options(parser)
     flags.add_budget(parser, root=False)
     flags.add_shape(parser)
     flags.add_gpu(parser)
@@ -155,6 +171,7 @@ def _gate(args: argparse.Namespace) -> dict[str, Any] | None:
 def execute(args: argparse.Namespace) -> int:
     """Report once (``--once``) or every ``--interval``; only oomguard's own usage errors exit 2."""
     from oomguard.agent import run_agent
+    from oomguard.agent.consumers import check_status_url, poll_cuzk
     from oomguard.policy.plan import make_plan
     from oomguard.units import parse_duration
 
@@ -164,11 +181,14 @@ def execute(args: argparse.Namespace) -> int:
     max_time = parse_duration(args.max_time, "--max-time") if args.max_time is not None else None
     shape = flags.shape_from(args, required=False)
     labels, gate = _labels(args), _gate(args)
+    cuzk = check_status_url(args.cuzk_status) if args.cuzk_status is not None else None
 
     def make_report() -> dict[str, Any]:
         report = flags.probe_from(args)
         if shape is not None:
             report["plan"] = make_plan(report, shape)
+        if cuzk is not None:  # CuZK's own view, beside the kernel's (agent/consumers.py)
+            report["consumers"] = [poll_cuzk(cuzk)]
         return dict(report)
 
     return run_agent(

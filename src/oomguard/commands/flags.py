@@ -114,8 +114,15 @@ def add_shape(parser: argparse.ArgumentParser) -> None:
     option(group, "--profiles", "also load profiles from FILE (JSON, or TOML on Python >= 3.11)", "FILE")
     option(group, "--per-job", "host RAM each job needs at its peak", "SIZE")
     option(group, "--baseline", "resident memory shared by all jobs (caches, parameters)", "SIZE")
-    option(group, "--pinned-per-job", "page-locked host memory per job (part of --per-job)", "SIZE")
-    option(group, "--pinned-baseline", "page-locked memory held once, outside the jobs (part of --baseline)", "SIZE")
+    option(
+        group, "--pinned-per-job", "page-locked host memory per job (part of --per-job: raises it when larger)", "SIZE"
+    )
+    option(
+        group,
+        "--pinned-baseline",
+        "page-locked memory held once, outside the jobs (part of --baseline: raises it when larger)",
+        "SIZE",
+    )
     option(
         group,
         "--pin-method",

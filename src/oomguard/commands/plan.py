@@ -12,7 +12,8 @@ from oomguard.units import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import Plan, Report
+    from oomguard._types import Plan, PlanCuzk, Report
+    from oomguard.policy.plan import Shape
 
 SUMMARY = "How many jobs of a shape fit in the budget, which constraint binds, and the headroom left."
 USAGE = "%(prog)s [--json] (--per-job SIZE | --profile NAME) [shape options] [budget options] [--require-jobs N]"
@@ -21,7 +22,11 @@ USAGE = "%(prog)s [--json] (--per-job SIZE | --profile NAME) [shape options] [bu
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = USAGE
     parser.description = SUMMARY
-    parser.epilog = "concurrency = min over memory, memlock, gpu, max_jobs, cpu (ties: that order).\n" + flags.SIZES
+    parser.epilog = (
+        "concurrency = min over memory, memlock, gpu, max_jobs, cpu (ties: that order).\n"
+        "Pinned memory is part of the memory it pins: the baseline used is max(--baseline, --pinned-baseline), "
+        "the per-job size max(--per-job, --pinned-per-job).\n" + flags.SIZES
+    )
     flags.add_json(parser)
     flags.option(parser, "--list-profiles", "list the profiles (built in and --profiles) and exit")
     flags.option(
@@ -107,8 +112,20 @@ def execute(args: argparse.Namespace) -> int:
 
         gate_over_limit(report, "--require-jobs", allowed=flags.allowed_over_limit(args))
     if require is not None and result["concurrency"] < require:
-        raise ThresholdError(f"--require-jobs: {result['concurrency']} jobs fit, {require} required")
+        raise ThresholdError(_require_message(result, report, shape, require))
     return EXIT_OK
+
+
+def _require_message(result: Plan, report: Report, shape: Shape, require: int) -> str:
+    """``--require-jobs: 3 jobs fit, 5 required (budget 21.19 GiB - 8 GiB baseline = 13.19 GiB / 1 GiB
+    per job)``, and the constraint that binds where it is not memory."""
+    from oomguard.policy.plan import memory_arithmetic
+
+    n, binding = result["concurrency"], result["binding"]
+    why = memory_arithmetic(report["budget"]["bytes"], shape)
+    if binding != "memory":
+        why += f"; {binding} binds at {n}"
+    return f"--require-jobs: {n} jobs fit, {require} required ({why})"
 
 
 def format_plan(result: Plan, report: Report, learned: Mapping[str, object] | None = None) -> str:
@@ -117,6 +134,7 @@ def format_plan(result: Plan, report: Report, learned: Mapping[str, object] | No
     capacity: Mapping[str, object] = result["capacity"]
     caps = ", ".join(f"{k} {'-' if capacity[k] is None else capacity[k]}" for k in CONSTRAINTS)
     b = report["budget"]
+    cz = result.get("cuzk")  # absent in a plan made before there was one
     lines = [
         f"oomguard plan: {result['explanation']}",
         f"  capacity   {caps}",
@@ -124,7 +142,22 @@ def format_plan(result: Plan, report: Report, learned: Mapping[str, object] | No
         f"  budget     {format_size(b['bytes'])} ({b['source']}; "
         f"ceiling {format_size(report['memory']['effective_bytes'])}, {report['memory']['limited_by']})",
         *([f"  learned    {learned['why']}"] if learned is not None else []),
+        *([f"  cuzk       {_cuzk_line(cz)}"] if cz is not None else []),
         f"Warnings ({len(report['warnings'])})",
         *(f"  {w['code']}: {w['message']}" for w in report["warnings"]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _cuzk_line(c: PlanCuzk) -> str:
+    """CuZK's own count, in its arithmetic: ``16 partitions at once with total_budget 300 GiB (= BYTES):
+    min(floor((300 GiB - 70 GiB SRS and PCE) / 14 GiB per partition), 18 workers)``."""
+    budget = c["total_budget_bytes"]
+    if budget is None or c["partitions"] is None:
+        return "the budget is unknown: CuZK's partitions cannot be said"
+    n = c["partitions"]
+    return (
+        f"{n} partition{'s' if n != 1 else ''} at once with total_budget {format_size(budget)} "
+        f"(= {budget}): min(floor(({format_size(budget)} - {format_size(c['resident_bytes'])} SRS and PCE) / "
+        f"{format_size(c['partition_bytes'])} per partition), {c['workers']} workers)"
+    )

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 SUMMARY = (
     "Supervise a worker: compute its budget (and concurrency) before each start, pass it in "
     "OOMGUARD_BUDGET_BYTES / OOMGUARD_BUDGET / OOMGUARD_CONCURRENCY and the placeholders {budget_bytes}, "
-    "{budget}, {budget_gib}, {concurrency}, {per_job_bytes}, {jobs_budget_bytes}, {jobs_bytes} in its "
-    "arguments, start nothing with a budget that cannot work (exit 3), tell OOM kills (of the worker or a "
+    "{budget}, {budget_gib}, {total_budget_bytes}, {concurrency}, {per_job_bytes}, {jobs_budget_bytes}, "
+    "{jobs_bytes} in its arguments and in config files (--render; CuZK's own config: --cuzk), "
+    "start nothing with a budget that cannot work (exit 3), tell OOM kills (of the worker or a "
     "descendant) from other deaths, restart with backoff and one less concurrency (or a larger margin) "
     "after an OOM kill. With --guard, watch the worker's cgroup every 100 ms and stop it gracefully before "
     "the kernel's OOM killer acts (docs/guard.md)."
@@ -94,6 +95,29 @@ def _guard_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _config_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("config files (docs/run.md, docs/cuzk.md)")
+    group.add_argument(
+        "--render",
+        nargs=2,
+        action="append",
+        metavar=("TEMPLATE", "OUTPUT"),
+        help="before each start, write OUTPUT from TEMPLATE with its placeholders ({budget_bytes}, "
+        "{total_budget_bytes}, ...) filled in, as in the worker's arguments (repeatable)",
+    )
+    flags.option(
+        group,
+        "--cuzk",
+        "run CuZK (cuzk-daemon): before each start, write the CuZK config TEMPLATE with [memory] "
+        "total_budget set to the budget in bytes ({total_budget_bytes}; all else kept) to --cuzk-out, "
+        "and pass it as --config; a --budget in the command is kept only where the daemon's --help lists it",
+        "TEMPLATE",
+    )
+    flags.option(
+        group, "--cuzk-out", "the config file --cuzk writes (default: beside TEMPLATE, NAME.oomguard.toml)", "FILE"
+    )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = "%(prog)s [budget and plan options] [restart options] [--] CMD ARGS..."
     parser.description = SUMMARY
@@ -104,6 +128,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_shape(parser)
     _restart_options(parser)
     _guard_options(parser)
+    _config_options(parser)
     flags.option(parser, "--isolate", "run the worker in its own memory cgroup limited to budget + margin")
     flags.add_allow_over_limit(parser)
     flags.option(parser, "--events", "append events as JSON lines to FILE", "FILE")
@@ -158,6 +183,8 @@ def execute(args: argparse.Namespace) -> int:
     from oomguard.supervisor.observe import observation
     from oomguard.supervisor.supervise import RunConfig, Supervisor
 
+    if not args.cuzk:
+        flags.needs(args, "--cuzk", ("--cuzk-out",))
     min_conc = flags.parse_count(args.min_concurrency, "--min-concurrency") if args.min_concurrency else 1
     shape = flags.shape_from(args, required=False)
     config = RunConfig(
@@ -173,6 +200,8 @@ def execute(args: argparse.Namespace) -> int:
         guard=_guard(args),
         allow_over_limit=flags.allowed_over_limit(args),
         learn=learner(args, shape),
+        render=[(t, o) for t, o in args.render or ()],
+        cuzk=(args.cuzk, args.cuzk_out) if args.cuzk else None,
     )
     try:
         log = EventLog(args.events)

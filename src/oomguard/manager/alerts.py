@@ -36,6 +36,10 @@ overview's counts per kind), ``any_alert`` (the nodes with one), ``alert_count``
 - ``budget-from-host`` (critical): the budget is above the effective limit and in the host's
   ballpark, so it was sized from the host's RAM: the outage oomguard exists for;
 - ``budget-above-limit`` (critical): the budget is above the effective limit otherwise;
+- ``consumer-budget-above-limit`` (critical): a memory consumer with a budget of its own (CuZK,
+  ``agent --cuzk-status``) said, in the latest report, that its budget is above the effective limit
+  of the same report: it plans on memory the kernel will not give it (a prover on a 503 GiB host in a
+  342 GiB container that budgets from the host's RAM), and is OOM-killed before its budget runs out;
 - ``memlock-below-pinned-need`` (critical): the report warns ``memlock-too-low``;
 - ``oom-kills`` (critical): OOM kills in the last hour (exit events only: the restart or give-up
   after a kill repeats its reason; one kill, one count);
@@ -343,6 +347,44 @@ def _budget_from_host(r: Mapping[str, Any]) -> str | None:
     )
 
 
+def largest_consumer_budget(consumers: Any) -> int | None:
+    """The largest budget among a report's consumers (``contract.columns``' kept list), None when
+    none is known: ``nodes.consumer_budget_bytes``, which the writer keeps by it."""
+    items = consumers if isinstance(consumers, list) else []
+    known = [c.get("budget_bytes") for c in items if isinstance(c, dict)]
+    budgets = [b for b in known if isinstance(b, int) and not isinstance(b, bool)]
+    return max(budgets) if budgets else None
+
+
+def _consumer_over_sql() -> Any:
+    """SQL: the largest consumer budget above the effective limit (integers: exact on both sides)."""
+    return nodes.c.consumer_budget_bytes > nodes.c.effective_bytes
+
+
+def _consumers_over(r: Mapping[str, Any], eff: int) -> str:
+    """``name: size`` of each consumer whose budget is above *eff*, from the kept list (its JSON)."""
+    try:
+        items = json.loads(r.get("consumers") or "[]")
+    except (ValueError, RecursionError):  # the column's text, whatever it holds: the size alone then
+        items = []
+    over = [
+        f"{c.get('name')}: {format_size(c['budget_bytes'])}"
+        for c in (items if isinstance(items, list) else [])
+        if isinstance(c, dict) and isinstance(c.get("budget_bytes"), int) and c["budget_bytes"] > eff
+    ]
+    return ", ".join(over) if over else format_size(r["consumer_budget_bytes"])
+
+
+def _consumer_budget_above_limit(r: Mapping[str, Any]) -> str | None:
+    eff, budget = r["effective_bytes"], r.get("consumer_budget_bytes")
+    if budget is None or eff is None or not budget > eff:
+        return None
+    return (
+        f"a consumer's own budget ({_consumers_over(r, eff)}) is above the effective limit {format_size(eff)}: "
+        "it plans on memory the kernel will not give it and is OOM-killed before its budget runs out"
+    )
+
+
 def _budget_above_limit(r: Mapping[str, Any]) -> str | None:
     if not _over(r) or _from_host(r):
         return None
@@ -376,6 +418,8 @@ ALERTS = (  # every kind, in the order node_alerts lists a node's alerts: the li
     AlertKind(
         "budget-above-limit", "critical", lambda s: and_(_over_sql(), not_(_from_host_sql())), _budget_above_limit
     ),
+    # The consumer's budget and the limit of the same report; NULL (none known, or an older agent): none.
+    AlertKind("consumer-budget-above-limit", "critical", lambda s: _consumer_over_sql(), _consumer_budget_above_limit),
     AlertKind("memlock-below-pinned-need", "critical", lambda s: memlock_sql(), _memlock),
     AlertKind("oom-kills", "critical", lambda s: s.exited("oom-kill"), _oom_kills),
     AlertKind("pressure-stops", "warning", lambda s: s.exited("pressure-stop"), _pressure_stops),
@@ -448,6 +492,7 @@ __all__ = [
     "current_report",
     "kind_conditions",
     "kind_flags",
+    "largest_consumer_budget",
     "last_seen",
     "memlock_sql",
     "node_alerts",

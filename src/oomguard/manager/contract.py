@@ -70,6 +70,25 @@ LISTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
             "items": {"required": ["code"], "properties": {"code": {"pattern": LABEL}, "message": {"maxLength": 4000}}},
         },
     ),
+    # Revision 0009: what consumers with a budget of their own say of it (agent --cuzk-status);
+    # None (NULL) when the report has no such list, as an older agent's.
+    "consumers": (
+        ("name", "budget_bytes", "used_bytes", "available_bytes"),
+        {
+            "maxItems": 16,
+            "items": {
+                "required": ["name"],
+                "properties": {
+                    "name": {"pattern": LABEL},
+                    "url": {"maxLength": 2048},
+                    "budget_bytes": BIGINT,
+                    "used_bytes": BIGINT,
+                    "available_bytes": BIGINT,
+                    "error": {"maxLength": 1000},
+                },
+            },
+        },
+    ),
 }
 
 
@@ -127,14 +146,17 @@ def _plain(value: Any) -> Any:
 
 
 def columns(report: dict[str, Any]) -> dict[str, Any]:
-    """The values of ``COLUMNS`` (None where the report has none), ``gpus`` (the items' kept
-    fields) and ``warnings`` (the codes), of a report that ``problem`` accepted."""
+    """The values of ``COLUMNS`` (None where the report has none), ``gpus`` and ``consumers`` (the
+    items' kept fields; ``consumers`` None where the report has no such list) and ``warnings`` (the
+    codes), of a report that ``problem`` accepted."""
     k = kept(report)
     out = {name: _plain(k.get(section, {}).get(field)) for name, (section, field, _) in COLUMNS.items()}
     out["gpus"] = [
         {f: _plain(g.get(f, "" if f == "name" else None)) for f in LISTS["gpus"][0]} for g in k.get("gpus", [])
     ]
     out["warnings"] = [w["code"] for w in k.get("warnings", [])]
+    fields = LISTS["consumers"][0]
+    out["consumers"] = [{f: _plain(c.get(f)) for f in fields} for c in k["consumers"]] if "consumers" in k else None
     return out
 
 

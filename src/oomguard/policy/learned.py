@@ -152,6 +152,7 @@ def apply(
         max_jobs=shape.max_jobs,
         cpus_per_job=shape.cpus_per_job,
         profile=shape.profile,
+        consumer=shape.consumer,
     )
     return new, decision
 

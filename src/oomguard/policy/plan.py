@@ -18,6 +18,7 @@ the first in the order above).
 from __future__ import annotations
 
 from oomguard.errors import BadParameter
+from oomguard.policy import cuzk
 from oomguard.report import add_warning
 from oomguard.units import format_size
 
@@ -28,7 +29,7 @@ CPUS_MAX = 1e6
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from oomguard._types import PinMethod, Plan, PlanCapacity, PlanShape, Report, WarningEntry
+    from oomguard._types import PinMethod, Plan, PlanCapacity, PlanCuzk, PlanShape, Report, WarningEntry
 
 CONSTRAINTS = ("memory", "memlock", "gpu", "max_jobs", "cpu")
 # CPU quotas are fractions (cgroup-v2.rst "cpu.max": "$MAX $PERIOD", so "70000 100000" is 0.7):
@@ -68,10 +69,19 @@ MEMLOCK_METHODS = frozenset({"mlock", "rdma"})
 DEFAULT_PIN_METHOD = "mlock"  # hand-given --pinned-* flags keep their old meaning
 
 
-class Shape:
-    """A job shape: sizes in bytes; None where not given."""
+CONSUMERS = (cuzk.CONSUMER,)  # whose own budget arithmetic a profile may name (``consumer``)
 
-    __slots__ = (*SHAPE_FIELDS, "profile")
+
+class Shape:
+    """A job shape: sizes in bytes; None where not given.
+
+    Pinned memory is part of the memory it pins: the baseline used is max(baseline,
+    pinned_baseline), and the per-job size max(per_job, pinned_per_job). ``raised`` says, in
+    words, which of the two was raised (empty when neither). ``consumer`` names a program whose
+    own budget arithmetic the plan also shows (``"cuzk"``: policy/cuzk.py), or None.
+    """
+
+    __slots__ = (*SHAPE_FIELDS, "profile", "consumer", "raised")
 
     def __init__(
         self,
@@ -85,9 +95,16 @@ class Shape:
         max_jobs: int | None = None,
         cpus_per_job: float | None = None,
         profile: str | None = None,
+        consumer: str | None = None,
     ) -> None:
         if per_job <= 0:
             raise BadParameter("per_job", "must be above 0")
+        if baseline < 0:
+            raise BadParameter("baseline", "must not be negative")
+        if pinned_baseline < 0:
+            raise BadParameter("pinned_baseline", "must not be negative")
+        if consumer is not None and consumer not in CONSUMERS:
+            raise BadParameter("consumer", f"must be one of {', '.join(CONSUMERS)}, got {consumer!r}")
         if max_jobs is not None and max_jobs < 0:
             raise BadParameter("max_jobs", "must not be negative")
         if cpus_per_job is not None and not CPUS_MIN <= cpus_per_job <= CPUS_MAX:  # NaN fails too
@@ -98,8 +115,9 @@ class Shape:
             raise BadParameter("gpu_per_job", "must be above 0")
         if pin_method not in PIN_METHODS:
             raise BadParameter("pin_method", f"must be one of {', '.join(PIN_METHODS)}, got {pin_method!r}")
-        self.per_job = per_job
-        self.baseline = baseline
+        self.raised: tuple[str, ...] = _raised(per_job, baseline, pinned_per_job, pinned_baseline)
+        self.per_job = max(per_job, pinned_per_job or 0)
+        self.baseline = max(baseline, pinned_baseline)
         self.pinned_per_job = pinned_per_job
         self.pinned_baseline = pinned_baseline
         self.pin_method: PinMethod = next(m for m in PIN_METHODS if m == pin_method)
@@ -107,6 +125,7 @@ class Shape:
         self.max_jobs = max_jobs
         self.cpus_per_job = cpus_per_job
         self.profile = profile
+        self.consumer = consumer
 
     def to_dict(self) -> PlanShape:
         return {
@@ -120,6 +139,18 @@ class Shape:
             "max_jobs": self.max_jobs,
             "cpus_per_job": self.cpus_per_job,
         }
+
+
+def _raised(per_job: int, baseline: int, pinned_per_job: int | None, pinned_baseline: int) -> tuple[str, ...]:
+    """What Shape raises, in words: a pinned size above the size it is part of becomes that size."""
+    out = []
+    if pinned_baseline > baseline:
+        out.append(
+            f"baseline raised from {format_size(baseline)} to the {format_size(pinned_baseline)} pinned baseline"
+        )
+    if pinned_per_job is not None and pinned_per_job > per_job:
+        out.append(f"per job raised from {format_size(per_job)} to the {format_size(pinned_per_job)} pinned per job")
+    return tuple(out)
 
 
 def _memlock_capacity(report: Report, shape: Shape, warnings: list[WarningEntry]) -> int | None:
@@ -229,14 +260,52 @@ def make_plan(report: Report, shape: Shape) -> Plan:
             f"{concurrency} jobs pin {format_size(concurrency * shape.pinned_per_job)}: page-locked "
             "memory is charged to the memory cgroup like any other and is part of each job's size",
         )
+    explanation = explain(report, shape, concurrency, binding, capacity)
+    if shape.raised:
+        explanation += f" ({'; '.join(shape.raised)}: pinned memory is part of the memory it pins)"
     return {
         "concurrency": concurrency,
         "binding": binding,
         "capacity": capacity,
         "headroom_bytes": headroom,
-        "explanation": explain(report, shape, concurrency, binding, capacity),
+        "explanation": explanation,
         "shape": shape.to_dict(),
+        "cuzk": _cuzk(budget, shape, warnings),
     }
+
+
+def _cuzk(budget: int | None, shape: Shape, warnings: list[WarningEntry]) -> PlanCuzk | None:
+    """CuZK's own count at ``total_budget`` = the whole budget (policy/cuzk.py); None for other consumers."""
+    if shape.consumer != cuzk.CONSUMER:
+        return None
+    n = None if budget is None else cuzk.partitions(budget, shape)
+    if n == 0 and budget:  # a budget of 0 is warned by the budget already
+        add_warning(
+            warnings,
+            "cuzk-no-partition",
+            f"CuZK's total_budget {format_size(budget)} holds not even its SRS + PCE {format_size(shape.baseline)} "
+            f"+ one partition {format_size(shape.per_job)} = {format_size(shape.baseline + shape.per_job)}: "
+            "its budget.acquire waits for ever and no proof starts",
+        )
+    return {
+        "total_budget_bytes": budget,
+        "resident_bytes": shape.baseline,
+        "partition_bytes": shape.per_job,
+        "workers": None if budget is None else cuzk.workers(budget),
+        "partitions": n,
+    }
+
+
+def memory_arithmetic(budget: int | None, shape: Shape) -> str:
+    """The memory constraint's numbers in one phrase: ``budget 21.19 GiB - 8 GiB baseline = 13.19 GiB
+    / 1 GiB per job`` (for messages such as ``--require-jobs``)."""
+    per_job = f"{format_size(shape.per_job)} per job"
+    if budget is None:
+        return f"budget unknown, {per_job}"
+    if not shape.baseline:
+        return f"budget {format_size(budget)} / {per_job}"
+    left = format_size(budget - shape.baseline)
+    return f"budget {format_size(budget)} - {format_size(shape.baseline)} baseline = {left} / {per_job}"
 
 
 def _smallest(capacity: PlanCapacity) -> tuple[int, str]:

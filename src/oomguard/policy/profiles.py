@@ -4,8 +4,9 @@ A profile file is JSON (any Python) or TOML (Python >= 3.11), either ``{"profile
 or ``{NAME: {...}}``. Fields: ``per_job`` (required), ``baseline``, ``pinned_per_job``,
 ``pinned_baseline``, ``gpu_per_job`` (sizes: "14GiB" or bytes), ``pin_method`` (how the
 pinned memory is pinned: ``cuda``, ``mlock`` or ``rdma``, see ``policy/plan.py``; default
-``mlock``), ``max_jobs`` (int), ``cpus_per_job`` (number), ``description``, ``source`` (text;
-not used by the planner).
+``mlock``), ``max_jobs`` (int), ``cpus_per_job`` (number), ``consumer`` (whose own budget
+arithmetic the plan also shows: ``cuzk``, see ``policy/cuzk.py``; optional), ``description``,
+``source``, ``baseline_parts`` (text and a table of sizes as written; not used by the planner).
 
 A user file is read as any file a flag names (``sources/files.py``): a regular file only (a FIFO or
 ``/dev/zero`` is refused at once, never waited on or read for ever), at most ``MAX_BYTES`` (1 MiB),
@@ -19,7 +20,7 @@ import os
 import sys
 
 from oomguard.errors import BadParameter, UsageError
-from oomguard.policy.plan import CPUS_MAX, CPUS_MIN
+from oomguard.policy.plan import CONSUMERS, CPUS_MAX, CPUS_MIN
 from oomguard.sources.files import MAX_DEPTH, loads_json, read_bounded, too_deep
 from oomguard.units import MAX_SIZE, MAX_SIZE_TEXT, parse_size
 
@@ -110,6 +111,10 @@ def profile_values(name: str, profile: dict[str, object]) -> dict[str, object]:
 
             if value not in PIN_METHODS:
                 raise UsageError(f"{what}: expected one of {', '.join(PIN_METHODS)}, got {value!r}")
+            out[key] = value
+        elif key == "consumer":
+            if value not in CONSUMERS:
+                raise UsageError(f"{what}: expected one of {', '.join(CONSUMERS)}, got {value!r}")
             out[key] = value
         elif key == "max_jobs":
             if isinstance(value, bool) or not isinstance(value, int):

@@ -5,17 +5,24 @@ the ``--guard`` flags as a ``GuardSettings`` (``settings_from``; the guard is ``
 
 The worker gets its budget as variables and as placeholders in its arguments (docs/run.md):
 
-| placeholder             | variable                       | value                                    |
-|-------------------------|--------------------------------|------------------------------------------|
-| ``{budget_bytes}``      | ``OOMGUARD_BUDGET_BYTES``      | the budget in bytes                      |
-| ``{budget}``            | ``OOMGUARD_BUDGET``            | the same, exact: "21694MiB"              |
-| ``{budget_gib}``        |                                | whole GiB, rounded down                  |
-| ``{concurrency}``       | ``OOMGUARD_CONCURRENCY``       | the jobs to run (1)                      |
-| ``{per_job_bytes}``     | ``OOMGUARD_PER_JOB_BYTES``     | the shape's per-job size (1)             |
-| ``{jobs_budget_bytes}`` | ``OOMGUARD_JOBS_BUDGET_BYTES`` | budget - baseline: memory for jobs (1)   |
-| ``{jobs_bytes}``        | ``OOMGUARD_JOBS_BYTES``        | concurrency x per-job (1, 2)             |
+| placeholder              | variable                        | value                                     |
+|--------------------------|---------------------------------|-------------------------------------------|
+| ``{budget_bytes}``       | ``OOMGUARD_BUDGET_BYTES``       | the budget in bytes                       |
+| ``{budget}``             | ``OOMGUARD_BUDGET``             | the same, exact: "21694MiB"               |
+| ``{budget_gib}``         |                                 | whole GiB, rounded down                   |
+| ``{total_budget_bytes}`` | ``OOMGUARD_TOTAL_BUDGET_BYTES`` | the budget less the jobs stepped down (3) |
+| ``{concurrency}``        | ``OOMGUARD_CONCURRENCY``        | the jobs to run (1)                       |
+| ``{per_job_bytes}``      | ``OOMGUARD_PER_JOB_BYTES``      | the shape's per-job size (1)              |
+| ``{jobs_budget_bytes}``  | ``OOMGUARD_JOBS_BUDGET_BYTES``  | budget - baseline: memory for jobs (1)    |
+| ``{jobs_bytes}``         | ``OOMGUARD_JOBS_BYTES``         | concurrency x per-job (1, 2)              |
 
 (1) with plan flags only. (2) the memory of the jobs run now: it follows each OOM step-down.
+(3) for a program that plans its own jobs inside one total (CuZK's ``total_budget``): the budget,
+less one per-job for each job an OOM step-down took away (``{budget_bytes}`` without plan flags,
+and before any step-down): the whole budget, its baseline included, never only the jobs' share.
+
+The same placeholders fill in config files (``run --render TEMPLATE OUTPUT``, ``templates.py``);
+``run --cuzk`` writes ``{total_budget_bytes}`` into CuZK's ``[memory] total_budget`` (``cuzk.py``).
 
 A placeholder is a name in braces, ``{budget}``. A name that looks like one of oomguard's
 but is not (``{budjet}``, ``{jobs}``, ``{budget_mib}``: close to a known name, or holding one
@@ -50,8 +57,9 @@ from oomguard.units import GiB, format_size_exact, parse_size, parse_size_or_per
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Report
+    from oomguard.supervisor.templates import Rendered
 
-ALWAYS = ("budget_bytes", "budget", "budget_gib")
+ALWAYS = ("budget_bytes", "budget", "budget_gib", "total_budget_bytes")
 WITH_PLAN = ("concurrency", "per_job_bytes", "jobs_budget_bytes", "jobs_bytes")
 _TOKEN = re.compile(r"\{\{([A-Za-z_]\w*)\}\}|(?<!\$)\{([A-Za-z_]\w*)\}")
 # A name holding one of these (case aside) is taken for a mistyped placeholder, not for the worker's text.
@@ -67,7 +75,7 @@ def _placeholder_like(name: str) -> list[str]:
     return difflib.get_close_matches(lower, known, n=1, cutoff=0.0)
 
 
-def _replace(arg: str, values: dict[str, str]) -> str:
+def _replace(arg: str, values: dict[str, str], where: str = "the worker's arguments") -> str:
     def one(m: re.Match[str]) -> str:
         literal, name = m.group(1), m.group(2)
         if literal is not None:
@@ -82,7 +90,7 @@ def _replace(arg: str, values: dict[str, str]) -> str:
         hint = f"did you mean {{{like[0]}}}? "
         known = ", ".join("{" + k + "}" for k in (*ALWAYS, *WITH_PLAN))
         raise UsageError(
-            f"run: unknown placeholder {{{name}}} in the worker's arguments ({hint}known: {known}; "
+            f"run: unknown placeholder {{{name}}} in {where} ({hint}known: {known}; "
             f"write {{{{{name}}}}} for a literal {{{name}}})"
         )
 
@@ -92,6 +100,12 @@ def _replace(arg: str, values: dict[str, str]) -> str:
 def substitute(args: list[str], values: dict[str, str]) -> list[str]:
     """Replace ``{name}`` placeholders by *values*, ``{{name}}`` by ``{name}``; ``UsageError`` for a mistyped one."""
     return [_replace(arg, values) for arg in args]
+
+
+def fill_text(where: str) -> Callable[[str, dict[str, str]], str]:
+    """The ``Rendered`` fill of ``run --render``: the placeholders in a config file's text (*where*
+    names it in errors), as in the worker's arguments."""
+    return lambda text, values: _replace(text, values, where)
 
 
 def check_placeholders(command: list[str], with_plan: bool) -> None:
@@ -190,9 +204,15 @@ class RunConfig:
         guard: GuardSettings | None = None,
         allow_over_limit: bool = False,
         learn: Callable[[Shape, Report], tuple[Shape, dict[str, Any]]] | None = None,
+        render: list[tuple[str, str]] | None = None,
+        cuzk: tuple[str, str | None] | None = None,
     ) -> None:
         if not command:
             raise UsageError("run: missing the command to run (oomguard run [options] -- CMD ARGS...)")
+        self.notes: list[str] = []  # lines said once on stderr before the first start
+        self.rendered = [self._render(t, o, shape is not None) for t, o in render or ()]
+        if cuzk is not None:
+            command = self._cuzk(command, *cuzk)
         if on_oom not in (None, "concurrency", "margin"):
             raise UsageError(f"--on-oom: expected concurrency or margin, got {on_oom!r}")
         if on_oom == "concurrency" and shape is None:
@@ -212,10 +232,53 @@ class RunConfig:
         # --learned: (declared shape, this start's report) -> (the shape to plan with, the decision)
         self.learn = learn if shape is not None else None
 
+    @staticmethod
+    def _render(template: str, output: str, with_plan: bool) -> Rendered:
+        from oomguard.supervisor.templates import Rendered
 
-def worker_values(budget: int, concurrency: int | None, shape: Shape | None) -> dict[str, str]:
-    """The placeholders' values for one start (the plan's only with a shape and a concurrency)."""
-    values = {"budget_bytes": str(budget), "budget": format_size_exact(budget), "budget_gib": str(budget // GiB)}
+        r = Rendered(template, output, "--render", fill_text(template))
+        names = ALWAYS + (WITH_PLAN if with_plan else ())
+        r.check(dict.fromkeys(names, "1"))
+        return r
+
+    def _cuzk(self, command: list[str], template: str, output: str | None) -> list[str]:
+        """``--cuzk``: the config CuZK reads, written from *template*; CuZK's command line told of it."""
+        from oomguard.supervisor import cuzk
+        from oomguard.supervisor.templates import Rendered
+
+        out = output or cuzk_output(template)
+        r = Rendered(template, out, "--cuzk", cuzk.fill("--cuzk"), cuzk.describe)
+        r.check({"total_budget_bytes": "1"})
+        self.rendered.append(r)
+        command, said = cuzk.without_budget_flag(command)
+        if said is not None:
+            self.notes.append(said)
+        return cuzk.with_config(command, out)
+
+
+def cuzk_output(template: str) -> str:
+    """Where ``--cuzk`` writes without ``--cuzk-out``: beside the template, ``cuzk.toml`` ->
+    ``cuzk.oomguard.toml``."""
+    stem, dot, ext = template.rpartition(".")
+    if not dot or "/" in ext:
+        return template + ".oomguard"
+    return f"{stem}.oomguard.{ext}"
+
+
+def worker_values(
+    budget: int, concurrency: int | None, shape: Shape | None, planned: int | None = None
+) -> dict[str, str]:
+    """The placeholders' values for one start (the plan's only with a shape and a concurrency);
+    *planned* is the plan's concurrency before OOM step-downs (``{total_budget_bytes}``)."""
+    total = budget
+    if shape is not None and concurrency is not None and planned is not None and planned > concurrency:
+        total = max(0, budget - (planned - concurrency) * shape.per_job)
+    values = {
+        "budget_bytes": str(budget),
+        "budget": format_size_exact(budget),
+        "budget_gib": str(budget // GiB),
+        "total_budget_bytes": str(total),
+    }
     if shape is not None and concurrency is not None:
         values |= {
             "concurrency": str(concurrency),
@@ -227,15 +290,20 @@ def worker_values(budget: int, concurrency: int | None, shape: Shape | None) -> 
 
 
 def worker_env_and_args(
-    command: list[str], budget: int, concurrency: int | None, shape: Shape | None = None
+    command: list[str],
+    budget: int,
+    concurrency: int | None,
+    shape: Shape | None = None,
+    values: dict[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """The worker's environment (this process's, less oomguard's secrets, plus the budget variables)
-    and its arguments."""
-    values = worker_values(budget, concurrency, shape)
+    and its arguments (*values*: ``worker_values``' own, when the caller has them already)."""
+    values = values or worker_values(budget, concurrency, shape)
     env = {
         **worker_environ(os.environ),
         "OOMGUARD_BUDGET_BYTES": values["budget_bytes"],
         "OOMGUARD_BUDGET": values["budget"],
+        "OOMGUARD_TOTAL_BUDGET_BYTES": values["total_budget_bytes"],
     }
     if concurrency is not None:
         env["OOMGUARD_CONCURRENCY"] = str(concurrency)

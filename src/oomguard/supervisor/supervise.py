@@ -34,14 +34,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from oomguard.errors import EXIT_THRESHOLD, BudgetUnknownError, CommandNotFoundError
+from oomguard.errors import EXIT_THRESHOLD, BudgetUnknownError, CommandNotFoundError, UsageError
 from oomguard.policy.budget import probe, resolve_budget
 from oomguard.policy.plan import make_plan
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import LiveRoot, Root
 from oomguard.supervisor.adapt import OOM_STEP_MIN, STEP_DOWN, Adaptation, Situation, oom_margin_step, situation_of
 from oomguard.supervisor.admit import refusal, start_note
-from oomguard.supervisor.config import RunConfig, substitute, worker_env_and_args
+from oomguard.supervisor.config import RunConfig, substitute, worker_env_and_args, worker_values
 from oomguard.supervisor.events import EventLog, neighbour_note, neighbour_share, own_share, peak_story
 from oomguard.supervisor.exits import (
     OOM_KILL,
@@ -110,6 +110,7 @@ class Supervisor:
         self.learned: dict[str, Any] | None = None  # --learned's decision for the current start
         self.timed_out = False  # SIGKILL followed a stop signal in the current start (--stop-timeout)
         self.grace = GraceLearning(config.guard.grace if config.guard is not None else 0)
+        self._planned: int | None = None  # the plan's concurrency before OOM step-downs, this start
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -245,7 +246,9 @@ class Supervisor:
     def _run_once(self, report: Report, ctx: dict[str, Any], lifted: str | None) -> tuple[int, dict[str, Any], float]:
         """Start the worker, wait for it, classify its end: (returncode, event fields, uptime)."""
         budget, concurrency = ctx["budget_bytes"], ctx["concurrency"]
-        env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.shape)
+        values = worker_values(budget, concurrency, self.shape, self._planned)
+        self._write_configs(values)
+        env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.shape, values)
         isolation, iso_limit = self._isolation(report, budget)
         watch = self._watch(report, isolation)
         floor = fork_floor()
@@ -295,6 +298,17 @@ class Supervisor:
         self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, peak_source=source, message=story, **common)
         return rc, common, uptime
 
+    def _write_configs(self, values: dict[str, str]) -> None:
+        """``--render`` and ``--cuzk``: each config file written afresh before this start (templates.py);
+        a failed write stops the run (``UsageError``, exit 2) after a give-up event."""
+        for r in self.cfg.rendered:
+            try:
+                text = r.write(values)
+            except UsageError as exc:
+                self.log.emit("give-up", message=str(exc), budget_bytes=int(values["budget_bytes"]))
+                raise
+            self.log.stderr.write(f"oomguard run: {r.flag}: {r.describe(text)} -> {r.output} (from {r.template})\n")
+
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> int:
         err = set_prctl(PR_SET_CHILD_SUBREAPER, 1, self.libc)
@@ -309,8 +323,11 @@ class Supervisor:
                 signal.signal(s, handler)
 
     def _loop(self) -> int:
+        for note in self.cfg.notes:
+            self.log.stderr.write(f"oomguard run: {note}\n")
         while True:
             report, plan, lifted = self._prepare()
+            self._planned = plan["concurrency"] if plan else None
             budget = int(report["budget"]["bytes"] or 0)
             if report["budget"]["source"] == "auto":
                 budget = budget // MiB * MiB  # whole MiB, so {budget} reads "21694MiB"

@@ -57,6 +57,11 @@ nodes = Table(
     Column("refused_message", Text),
     Column("labels", Text),
     Column("cap_ipc_lock", Boolean),  # ... and whether the latest report holds CAP_IPC_LOCK (NULL: unknown)
+    # Revision 0009: the latest report's ``consumers`` as kept (JSON list of {name, budget_bytes,
+    # used_bytes, available_bytes}; NULL: none sent), and the largest budget among them (NULL: none
+    # known), which the ``consumer-budget-above-limit`` alert compares with the effective limit.
+    Column("consumers", Text),
+    Column("consumer_budget_bytes", BigInteger),
     Index("ix_nodes_archived", "archived_ms"),
 )
 

@@ -38,6 +38,8 @@ ROW_COLUMNS = (  # what ``node_alerts`` reads of a node row
     "refused_step",
     "refused_exit_code",
     "refused_message",
+    "consumer_budget_bytes",
+    "consumers",
 )
 
 

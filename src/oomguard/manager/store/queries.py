@@ -494,6 +494,7 @@ def metric_rows(conn: Connection, now: int, interval_ms: int, line: float = DEFA
             nodes.c.last_seen_ms.label("report_ms"),
             nodes.c.ws_high_since_ms,
             nodes.c.labels,
+            nodes.c.consumers,
             node_status(now, interval_ms).label("status"),
             current_report(now, interval_ms).label("current"),
             _total("oom-kill").label("oom_kills_total"),

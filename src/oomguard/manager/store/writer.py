@@ -29,7 +29,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from oomguard.manager import contract
-from oomguard.manager.alerts import DEFAULT_LINE, working_set_high
+from oomguard.manager.alerts import DEFAULT_LINE, largest_consumer_budget, working_set_high
 from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
 from oomguard.manager.db import events, latest_reports, node_labels, nodes, observations, reports
 from oomguard.manager.store import history
@@ -56,6 +56,9 @@ _LATEST = (  # the node's latest values, unless a report received later got ther
         interval_ms=bindparam("b_interval"),
         warnings=bindparam("b_warnings"),
         gpus=bindparam("b_gpus"),
+        # Revision 0009: the consumers' own view (NULL: none sent) and their largest budget.
+        consumers=bindparam("b_consumers"),
+        consumer_budget_bytes=bindparam("b_consumer_budget"),
         # A report without a plan leaves the jobs column to the supervisor's start events.
         concurrency=func.coalesce(bindparam("b_concurrency"), nodes.c.concurrency),
         # The first of the consecutive reports at or above the working-set line (alerts.working_set_high).
@@ -110,6 +113,8 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | 
         "b_interval": int(env.interval_s * 1000) if env.interval_s else None,
         "b_warnings": json.dumps(columns["warnings"]),
         "b_gpus": json.dumps(columns["gpus"]),
+        "b_consumers": None if columns["consumers"] is None else json.dumps(columns["consumers"]),
+        "b_consumer_budget": largest_consumer_budget(columns["consumers"]),
         "b_high": int(high),
         **{f"b_{name}": columns[name] for name in contract.COLUMNS},
     }

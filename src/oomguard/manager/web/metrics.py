@@ -27,6 +27,12 @@ that have it only, so the Prometheus rule asks the manager's question rather tha
 ``oomguard_manager_working_set_line_ratio`` is the line. ``oomguard_profile_*{profile,
 node_class}``: what the fleet has learned of each profile per class of node, as a new node of
 the class would be told (``store/learned.py``; at most 500 pairs, the most observed first).
+``oomguard_consumer_budget_bytes{node, consumer}`` and ``oomguard_consumer_used_bytes{node,
+consumer}``: a memory consumer's own view of its budget (CuZK's, ``agent --cuzk-status``), from the
+node's latest report; no sample where the consumer's value is unknown (its status could not be
+read) and none for a node whose latest report sent no consumers; the used bytes, a reading, only
+while the report is current, as usage is. The ``consumer-budget-above-limit`` alert compares the
+budget with ``oomguard_memory_effective_bytes``.
 """
 
 from __future__ import annotations
@@ -74,6 +80,40 @@ def node_info(rows: list[dict[str, Any]]) -> Metric:
     return info
 
 
+CONSUMER_GAUGES = (
+    (
+        "oomguard_consumer_budget_bytes",
+        "budget_bytes",
+        "A memory consumer's own budget, as it said (CuZK: memory.total_bytes of GET /status); none when unknown.",
+    ),
+    (
+        "oomguard_consumer_used_bytes",
+        "used_bytes",
+        "What a memory consumer has reserved from its own budget (CuZK: memory.used_bytes), while the latest "
+        "report is current; none when unknown.",
+    ),
+)
+
+
+def consumer_gauges(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """``CONSUMER_GAUGES`` by node and consumer, from each row's kept ``consumers`` list (JSON)."""
+    for name, key, doc in CONSUMER_GAUGES:
+        g = GaugeMetricFamily(name, doc, labels=["node", "consumer"])
+        for r in rows:
+            if key == "used_bytes" and not r.get("current"):
+                continue  # an offline node's last reading is history: no sample
+            items = text.loads(r["consumers"]) if r.get("consumers") else []
+            seen: set[str] = set()  # one series per consumer name: the first of a report's entries
+            for c in items if isinstance(items, list) else []:
+                named = isinstance(c, dict) and isinstance(c.get("name"), str) and c["name"] not in seen
+                v = c.get(key) if named else None
+                if named:
+                    seen.add(c["name"])
+                if isinstance(v, int) and not isinstance(v, bool):
+                    g.add_metric([r["name"], c["name"]], float(v))
+        yield g
+
+
 class _Nodes:
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
@@ -115,6 +155,7 @@ class _Nodes:
             states.add_metric([state], float(sum(1 for r in self.rows if r["status"] == state)))
         yield states
         yield node_info(self.rows)
+        yield from consumer_gauges(self.rows)
         c = CounterMetricFamily(
             "oomguard_oom_kills",
             "OOM kills reported by the node's supervisor, kept across container restarts.",
