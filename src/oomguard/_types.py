@@ -1,10 +1,12 @@
 """Static types of the report (``TypedDict``s). Imported only for type checking and by
 ``oomguard.Report``; at run time a report is plain JSON data. Field meanings: docs/report.md.
+At the end, the closed sets of the other wire messages (events, observations, the recommendation:
+the ``*.schema.json`` beside schema.json), whose value tuples the run side and the manager import.
 """
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, get_args
 
 # The closed sets of the report (schema.json's enums), so mypy catches a value outside them.
 MemoryLimitedBy = Literal["cgroup-v2", "cgroup-v1", "meminfo"]
@@ -233,3 +235,28 @@ class Report(_ReportRequired, total=False):
 
     plan: Plan
     consumers: list[ConsumerEntry]
+
+
+# The closed sets of the wire messages beside the report, once: the supervisor's events
+# (event.schema.json), the observations (observation.schema.json) and the recommendation
+# (recommendation.schema.json). tests/test_wire_schemas.py compares each with its schema's enum;
+# the value tuples below are what code checks at run time (``typing.get_args``).
+SupervisorEventName = Literal["start", "exit", "restart", "give-up", "stop"]  # what ``run --events`` writes
+EventName = Literal[SupervisorEventName, "heartbeat", "gate"]  # + the forwarder's heartbeat, the entrypoint's gate
+ExitReason = Literal["clean", "exit", "signal", "oom-kill", "pressure-stop"]  # supervisor/exits.py classifies
+OomVictim = Literal["worker", "descendant", "group"]
+PeakSource = Literal["vmhwm", "memory.peak", "memory.max_usage_in_bytes"]
+GraceSource = Literal["given", "learned"]
+GateStep = Literal["check", "plan", "verify"]
+Outcome = Literal["ok", "oom-kill", "pressure-stop"]  # an observation's: how the run ended
+RecommendationSource = Literal["node", "class", "fleet", "declared"]  # the scope a recommendation came from
+LearnedOrigin = Literal["manager", "cache", "none"]  # where ``--learned`` got its answer
+
+EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
+SUPERVISOR_EVENT_NAMES: tuple[SupervisorEventName, ...] = get_args(SupervisorEventName)
+EXIT_REASONS: tuple[ExitReason, ...] = get_args(ExitReason)
+GATE_STEPS: tuple[GateStep, ...] = get_args(GateStep)
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+FAILURES: tuple[Outcome, ...] = tuple(o for o in OUTCOMES if o != "ok")  # the outcomes that raise a floor
+RECOMMENDATION_SOURCES: tuple[RecommendationSource, ...] = get_args(RecommendationSource)
+LEARNED_ORIGINS: tuple[LearnedOrigin, ...] = get_args(LearnedOrigin)

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from oomguard._types import GATE_STEPS
 from oomguard.agent.log import one_line
 from oomguard.times import iso_now
 
-STEPS = ("check", "plan", "verify")
+STEPS = GATE_STEPS  # the one definition: oomguard._types.GateStep (event.schema.json's enum)
 MESSAGE_MAX = 4000
 ERROR_PREFIX = "oomguard: error: "  # how the command line says an error (oomguard/cli.py main)
 

@@ -32,10 +32,11 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from oomguard._types import EventName, ExitReason, GateStep, Outcome
 from oomguard.labels import KEY_MAX, KEY_PATTERN, LABELS_MAX, VALUE_MAX, label_problem, labels_problem
 from oomguard.manager import contract, reportschema
 from oomguard.manager.times import parse_iso_ms
@@ -231,13 +232,13 @@ class EventIn(BaseModel):
     alone (run-only) from going offline. ``gate``: the entrypoint's gate before anything starts
     (``step``, ``passed``, ``exit_code``, ``message``: the failing step's one line, with its numbers)."""
 
-    model_config = ConfigDict(extra="allow")
-    event: Literal["start", "exit", "restart", "give-up", "stop", "heartbeat", "gate"]
+    model_config = ConfigDict(extra="allow", strict=True)  # JSON types as event.schema.json says: "7" is no pid
+    event: EventName
     time: Annotated[str, Field(max_length=64)] | None = None
     pid: SmallInt | None = None
     budget_bytes: Bytes | None = None
     concurrency: SmallInt | None = None
-    reason: Literal["oom-kill", "pressure-stop", "signal", "exit", "clean"] | None = None
+    reason: ExitReason | None = None
     exit_code: SmallInt | None = None
     signal: SmallInt | None = None
     duration_s: Finite | None = None
@@ -247,7 +248,7 @@ class EventIn(BaseModel):
     interval_s: Interval | None = None
     effective_bytes: Bytes | None = None  # on start: the hard ceiling the budget was computed from
     limited_by: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,16}$")] | None = None
-    step: Literal["check", "plan", "verify"] | None = None
+    step: GateStep | None = None
     passed: StrictBool | None = None  # true or false, never "no" (which pydantic would read as false)
 
     @model_validator(mode="after")
@@ -273,7 +274,7 @@ class ObservationIn(BaseModel):
     """One run of a profiled worker: what its jobs really used (``oomguard.manager.learning``).
     Sizes in bytes; ``time`` (ISO 8601) when the run ended, by the node's clock."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as observation.schema.json says
     profile: Annotated[str, Field(pattern=PROFILE_PATTERN, max_length=128, description="The profile's name")]
     node_class: (
         Annotated[
@@ -293,7 +294,7 @@ class ObservationIn(BaseModel):
         Size | None, Field(description="The working set before the jobs, at its peak; null: not measured")
     ] = None
     concurrency: Annotated[int, Field(ge=1, le=1_000_000, description="Jobs at once")]
-    outcome: Literal["ok", "oom-kill", "pressure-stop"]
+    outcome: Outcome
     time: Annotated[str, Field(max_length=64, description="When the run ended (ISO 8601)")]
 
     @field_validator("time")

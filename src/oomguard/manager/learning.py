@@ -85,8 +85,9 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from oomguard._types import FAILURES, RecommendationSource
 from oomguard.units import MAX_SIZE
 
 HOUR_MS = 3_600_000
@@ -108,9 +109,7 @@ SPREAD_MIN_JOBS = 8  # fewer jobs a run: the size for a budget only guards the p
 # The standard normal's 95th percentile (NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.1,
 # "Cumulative Distribution Function of the Standard Normal Distribution": 0.95 at z = 1.645).
 P95_Z = 1.6449
-OUTCOMES = ("ok", "oom-kill", "pressure-stop")
-FAILURES = ("oom-kill", "pressure-stop")
-Source = Literal["node", "class", "fleet", "declared"]
+Source = RecommendationSource  # the scope an answer came from: oomguard._types, recommendation.schema.json
 _NOT_IN_CLASS = re.compile(r"[^A-Za-z0-9._+-]+")
 
 
@@ -126,7 +125,7 @@ class Sample:
     declared_baseline: int
     peak_baseline: int | None  # None: not measured
     concurrency: int
-    outcome: str
+    outcome: str  # one of oomguard._types.OUTCOMES
 
 
 def derive_class(gpus: Any, host_total_bytes: int | None) -> str:

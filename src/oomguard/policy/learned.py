@@ -25,11 +25,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from oomguard._types import LEARNED_ORIGINS, RECOMMENDATION_SOURCES
 from oomguard.policy.plan import Shape
 from oomguard.units import MAX_SIZE, format_size
 
-SOURCES = ("node", "class", "fleet", "declared")
-ORIGINS = ("manager", "cache", "none")
+SOURCES = RECOMMENDATION_SOURCES  # the one definition: oomguard._types (recommendation.schema.json's enum)
+ORIGINS = LEARNED_ORIGINS
 
 
 @dataclass(frozen=True)

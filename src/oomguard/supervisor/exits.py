@@ -49,12 +49,14 @@ from __future__ import annotations
 import signal
 from typing import NamedTuple
 
+from oomguard._types import EXIT_REASONS
+
 CLEAN = "clean"
 EXIT = "exit"
 SIGNAL = "signal"
 OOM_KILL = "oom-kill"
 PRESSURE_STOP = "pressure-stop"
-REASONS = (CLEAN, EXIT, SIGNAL, OOM_KILL, PRESSURE_STOP)
+REASONS = EXIT_REASONS  # the one definition: oomguard._types.ExitReason (event.schema.json's enum)
 # Who the OOM killer hit, as far as the evidence goes (an event's ``oom_victim``).
 WORKER, DESCENDANT, GROUP = "worker", "descendant", "group"
 NO_COUNTER = "no oom_kill counter is readable: an OOM kill cannot be told from another SIGKILL"

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from oomguard._types import Outcome
 from oomguard.policy.plan import Shape
 from oomguard.supervisor.exits import CLEAN, EXIT, OOM_KILL, PRESSURE_STOP
 
-OUTCOMES = {CLEAN: "ok", EXIT: "ok", OOM_KILL: "oom-kill", PRESSURE_STOP: "pressure-stop"}  # the exit's reason
+# The exit's reason (oomguard._types.ExitReason) -> the observation's outcome (Outcome); a signal is none.
+OUTCOME_OF_REASON: dict[str, Outcome] = {CLEAN: "ok", EXIT: "ok", OOM_KILL: "oom-kill", PRESSURE_STOP: "pressure-stop"}
 
 
 def observation(
@@ -43,7 +45,7 @@ def observation(
     ``node_class`` label), sent when given."""
     if exit_event.get("event") != "exit" or shape is None or shape.profile is None:
         return None
-    outcome = OUTCOMES.get(str(exit_event.get("reason")))
+    outcome = OUTCOME_OF_REASON.get(str(exit_event.get("reason")))
     peak, jobs, when = exit_event.get("peak_bytes"), exit_event.get("concurrency"), exit_event.get("time")
     limit, outside = exit_event.get("effective_bytes"), exit_event.get("outside_bytes")
     if outcome == "oom-kill" and not isinstance(peak, int) and isinstance(limit, int):

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select
 
+from oomguard._types import FAILURES
 from oomguard.manager import learning
 from oomguard.manager.db import nodes, observations
 from oomguard.manager.store.learned import samples_of
@@ -115,7 +116,7 @@ def profile_view(conn: Connection, now: int, profile: str) -> dict[str, Any] | N
             "nodes": total["nodes"] + counted,
             "unknown": total["unknown"] + unknown,
         }
-    failures = [s for s in samples if s.outcome in learning.FAILURES][:FAILURES_SHOWN]
+    failures = [s for s in samples if s.outcome in FAILURES][:FAILURES_SHOWN]
     return {
         "profile": profile,
         "declared_per_job_bytes": newest.declared_per_job,
