@@ -29,6 +29,12 @@ SCRIPT = "oomguard check --json (script)"
 FLOOR = "python -c 'import argparse, json'"  # what the standard library's tools cost alone
 
 
+def shown(path: str) -> str:
+    """The interpreter's path as printed: relative to the checkout, never this machine's absolute path."""
+    p = Path(path).absolute()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else p.name
+
+
 def wall(cmd: list[str], env: dict[str, str]) -> float:
     t = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env, check=True)
@@ -70,7 +76,7 @@ def main() -> None:
         oomguard.probe()
         samples.append(time.perf_counter() - t)
     samples.sort()
-    print(f"python {platform.python_version()} ({py}), {os.cpu_count()} CPUs, {runs} interleaved runs")
+    print(f"python {platform.python_version()} ({shown(py)}), {os.cpu_count()} CPUs, {runs} interleaved runs")
     for name, m in med.items():
         print(f"{name:<34} median {m * 1e3:7.2f} ms   ratio to -c pass {m / b:6.3f}")
     mod = med["python -m oomguard check --json"] / med["python -m <empty module>"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker("no_cover")
 
 
+# One more marker is given by hand, ``timing`` (pyproject.toml): a test whose subject is a duration
+# (guard latency, connection fairness, writer bounds) and that compares it with a reference it
+# measured itself, on the same machine, with a wide factor. `make test` runs those serially (-n 0)
+# after the parallel run; every other test waits for events (tests/helpers/wait.py), never a clock.
 # The fifth marker, ``slow``, is given by hand to a test that takes over SLOW_S on its own here
 # (`make test-fast` leaves those out). Which tests those are drifts as the suite changes: a quick
 # run lists at its end the tests that took twice that and that it ran (none of the
@@ -69,6 +74,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if LANE in ("worker", "manager"):
+        other = "manager" if WORKER_LANE else "worker"
+        terminalreporter.write_line(f"{LANE} lane: {len(_left_out)} test modules of the {other} side left out")
     if not FAST:  # the full suite's property tests run ten times the examples: their times say nothing here
         return
     over = sorted(((s, n) for n, s in _unmarked_s.items() if s > 2 * SLOW_S), reverse=True)
@@ -103,3 +111,35 @@ def _release_databases() -> Any:
     helpers = sys.modules.get("tests.manager_helpers")
     if helpers is not None:
         helpers.release_databases()
+
+
+# The worker side's own lane (`make test-py310`, CONTRIBUTING.md): on its floor, Python 3.10, with
+# only what the worker side needs (pytest, hypothesis, jsonschema; no manager extra), a test module
+# that imports the manager, its libraries or a helper built on them is not collected, and the run
+# says how many. Where the manager's libraries are installed this changes nothing.
+# `make test-newest` is the other way round (OOMGUARD_TEST_LANE=manager): only those modules.
+LANE = os.environ.get("OOMGUARD_TEST_LANE")
+WORKER_LANE = LANE == "worker"
+MANAGER_SIDE = re.compile(
+    r"^\s*(?:from|import) (?:oomguard\.manager|fastapi|starlette|sqlalchemy|alembic|httpx|schemathesis|"
+    r"prometheus_client|playwright|yaml|promql_parser|tests\.manager_helpers|tests\.pg|tests\.agent_fake|"
+    r"tests\.helpers\.(?:fleet|miniature|dashboard|hostile|wire))\b",
+    re.MULTILINE,
+)
+_left_out: list[str] = []
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    if LANE not in ("worker", "manager") or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    manager_side = MANAGER_SIDE.search(collection_path.read_text(encoding="utf-8")) is not None
+    if manager_side == WORKER_LANE:
+        _left_out.append(collection_path.name)
+        return True
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return f"{LANE} lane: only the test modules of the {LANE} side are collected" if LANE else None

@@ -12,12 +12,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tests.conftest import FIXTURES, REPO
+from tests.helpers.wait import wait_until
 from tests.pg import PostgresServer
 
 if TYPE_CHECKING:
@@ -264,15 +264,19 @@ class ManagerProcess:
             command = ["prlimit", f"--nofile={self.nofile[0]}:{self.nofile[1]}", "--", *command]
         with self.stderr_path.open("ab") as err:
             self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        deadline = time.monotonic() + 60
-        while True:
+        proc = self.proc
+
+        def listening() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
+                    return True
             except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is not None:
                     raise RuntimeError(f"manager did not start: {self.log()}") from None
-                time.sleep(0.05)
+                return False
+
+        wait_until(listening, interval=0.05, what=f"the manager to listen on port {self.port}")
+        return self
 
     def kill9(self) -> None:
         assert self.proc is not None

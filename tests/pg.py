@@ -15,9 +15,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.helpers.wait import wait_until
 
 
 def _bindir() -> str | None:
@@ -96,16 +97,18 @@ class PostgresServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 60
-        while (
-            subprocess.run(
-                [f"{self.bindir}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port)], capture_output=True
-            ).returncode
-            != 0
-        ):
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError("PostgreSQL did not start")
-            time.sleep(0.1)
+        proc = self.proc
+
+        def up_or_gone() -> bool:
+            isready = [f"{self.bindir}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port)]
+            return proc.poll() is not None or subprocess.run(isready, capture_output=True).returncode == 0
+
+        try:  # a RuntimeError: the callers turn it into a skip, with the reason
+            wait_until(up_or_gone, interval=0.1, what="PostgreSQL to accept connections")
+        except AssertionError:
+            raise RuntimeError("PostgreSQL did not start within 60 s") from None
+        if proc.poll() is not None:
+            raise RuntimeError(f"PostgreSQL did not start: it exited {proc.returncode}")
         return self.url("postgres")
 
     def reused(self) -> bool:

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.helpers.wait import wait_until
+
 
 def own_memory_cgroup() -> tuple[int, Path] | tuple[None, str]:
     """(version, directory) of this process's memory cgroup, or (None, why not)."""
@@ -81,14 +83,14 @@ class Group:
         for c in self.children:
             c.close()
         if self.dir.exists():
-            for _ in range(50):
-                try:
-                    self.dir.rmdir()
-                    break
-                except OSError:  # a process that just exited may still be charged for a moment
-                    import time
+            wait_until(self._removed, interval=0.05, what=f"{self.dir} to be removable")
 
-                    time.sleep(0.05)
+    def _removed(self) -> bool:
+        try:
+            self.dir.rmdir()
+        except OSError:  # a process that just exited may still be charged for a moment
+            return False
+        return True
 
 
 def writable_parent() -> tuple[int, Path] | tuple[None, str]:

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.wait import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 # The initial namespaces' inodes are fixed (include/linux/proc_ns.h: PROC_PID_INIT_INO 0xEFFFFFFC,
@@ -354,11 +356,7 @@ class Container:
 
     def wait(self, timeout: float = TIMEOUT_S) -> Finished:
         rc_file = self.out(".rc")
-        end = time.monotonic() + timeout
-        while not rc_file.exists():
-            if time.monotonic() > end:
-                raise AssertionError(f"{self.runtime} container {self.id}: its command did not end in {timeout:.0f}s")
-            time.sleep(0.02)
+        wait_until(rc_file.exists, timeout=timeout, what=f"{self.runtime} container {self.id}: its command's end")
         return Finished(int(rc_file.read_text()), self.out(".out").read_text(), self.out(".err").read_text())
 
     def report(self) -> dict[str, Any]:
@@ -375,8 +373,8 @@ class Container:
 
     def find(self, argv: list[str], timeout: float = TIMEOUT_S) -> int:
         """The host PID of the process of this container whose command line is *argv*."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+
+        def found() -> int | None:
             for pid in self.pids():
                 try:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_text().split("\0")[:-1]
@@ -384,8 +382,14 @@ class Container:
                     continue
                 if cmdline == argv:
                     return pid
-            time.sleep(0.02)
-        raise AssertionError(f"no process {argv!r} in {self.dir} after {timeout:.0f}s\n{self.describe()}")
+            return None
+
+        try:
+            pid = wait_until(found, timeout=timeout, what=f"process {argv!r} in {self.dir}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.describe()}") from None
+        assert pid is not None  # wait_until returns a truthy value
+        return pid
 
     def describe(self) -> str:
         """What the group holds now (each PID's command line and state) and what this container

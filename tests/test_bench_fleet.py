@@ -10,7 +10,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from tests.conftest import REPO
+
+pytest.importorskip("fastapi", reason="bench/fleet.py runs the manager: its extra is not installed")
 
 GiB = 1 << 30
 

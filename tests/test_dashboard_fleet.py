@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -21,6 +20,7 @@ from oomguard.manager.web.chart import Point, segments, y_step
 from oomguard.manager.web.formatting import gpus, timed
 from tests.helpers.dashboard import api, fits, logged_in, needs_browser, rows, shot
 from tests.helpers.fleet import PHONE, WIDE, GiB, seed_twenty
+from tests.helpers.wait import wait_until
 from tests.manager_helpers import ManagerProcess, fixture_report
 
 if TYPE_CHECKING:
@@ -129,8 +129,8 @@ def test_refresh_keeps_filter_focus_scroll_and_says_when_stale(browser: Browser,
         shot(page, "session-expired")
         s.stop()  # the manager goes away
         page.wait_for_selector("#banner >> text=Cannot reach the manager", timeout=10_000)
-        time.sleep(2.2)
-        assert int(page.inner_text("#updated").split()[0]) >= 2  # it keeps counting
+        counted = lambda: int(page.inner_text("#updated").split()[0]) >= 2  # noqa: E731
+        wait_until(counted, interval=0.1, what="#updated to count on past 2 s")  # it keeps counting
         shot(page, "unreachable")
         assert not [e for e in watch.errors if "ERR_CONNECTION_REFUSED" not in e and "Failed to fetch" not in e]
     finally:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import yaml
 from oomguard.cli import parse
 from oomguard.errors import UsageError
 from tests.conftest import REPO
+from tests.helpers.wait import wait_until
 
 DEPLOY = REPO / "deploy"
 WORKER = DEPLOY / "worker"
@@ -353,10 +353,9 @@ def test_worker_entrypoint_forwards_term(tmp_path: Path) -> None:
     env = _image_env(tmp_path, bin_dir, OOMGUARD_MANAGER=URL)
     proc = subprocess.Popen(_image_argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
-        while not (tmp_path / "run.ready").exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "run never started"
-            time.sleep(0.02)
+        ready = tmp_path / "run.ready"
+        wait_until(lambda: ready.exists() or proc.poll() is not None, what="run to start (or the image to exit)")
+        assert ready.exists() and proc.poll() is None, "run never started"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 143
     finally:

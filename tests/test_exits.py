@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -284,13 +283,25 @@ def test_verify_reads_counter_and_usage_through_its_root(tmp_path: Path) -> None
     report = probe(root=root, budget="8MiB")
     events = tree / V2_EVENTS
 
+    class Told(io.StringIO):
+        """verify's progress stream: its first line comes once every child has touched its share,
+        after the counter's first read and before the hold (verify/runner.py)."""
+
+        said = threading.Event()
+
+        def write(self, text: str) -> int:
+            self.said.set()
+            return super().write(text)
+
+    progress = Told()
+
     def oom_kill_meanwhile() -> None:  # the counter moves while the children hold their memory
-        time.sleep(0.3)
+        assert progress.said.wait(60), "verify's children never reported"
         events.write_text("oom 2\noom_kill 2\n")
 
     bump = threading.Thread(target=oom_kill_meanwhile)
     bump.start()
-    result = verify(report, None, fraction=0.5, hold=1.0, root=root)
+    result = verify(report, None, fraction=0.5, hold=1.0, root=root, progress=progress)
     bump.join()
     assert result["oom_counter"] == "/sys/fs/cgroup/memory.events"
     assert result["oom_kills"] == 2  # 0 before, 2 after: read from the tree, not from this machine

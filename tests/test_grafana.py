@@ -16,11 +16,11 @@ by/without/on/ignoring/group_x lists), each label looked up on the metrics of it
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.helpers.wait import wait_until
 
 DASHBOARD = REPO / "deploy" / "grafana" / "oomguard-fleet.json"
 README = REPO / "deploy" / "grafana" / "README.md"
@@ -559,11 +560,12 @@ def prometheus(fleet: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 return 0
             return int(float(got["data"]["result"][0]["value"][1])) if got["data"]["result"] else 0
 
+        def scraped_or_gone(n: int) -> bool:
+            return scrapes() >= n or proc.poll() is not None
+
         for wanted in (2, 5):  # an OOM kill after the 2nd scrape: increase() over the range sees it
-            deadline = time.monotonic() + 60
-            while scrapes() < wanted:
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp / "log").read_text()[-3000:]
-                time.sleep(0.2)
+            wait_until(functools.partial(scraped_or_gone, wanted), interval=0.2, what=f"{wanted} scrapes")
+            assert proc.poll() is None, (tmp / "log").read_text()[-3000:]
             if wanted == 2:
                 exit_event(fleet.url, "oom-kill", 9)
         yield base

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import DirRoot, LiveRoot
 from oomguard.supervisor.isolate import Isolation, isolation_limit
 from tests.conftest import REPO
+from tests.helpers.wait import wait_until
 from tests.realcgroup import Group, limited_group, writable_parent
 
 MiB, GiB = 1024**2, 1024**3
@@ -361,10 +361,11 @@ def test_v1_isolation_sets_the_limit_and_removal_kills_what_is_left(group: Group
     assert int((group.dir / "oomguard-run-1/memory.limit_in_bytes").read_text()) == 300 * MiB
     s = sleeper(sleepers, "sh", "-c", "sleep 300 & sleep 300")
     (group.dir / "oomguard-run-1/cgroup.procs").write_text(str(s.pid))
-    time.sleep(0.2)  # the sh forks its first sleep into the group
-    start = time.monotonic()
+    children = Path(f"/proc/{s.pid}/task/{s.pid}/children")
+    forked = lambda: children.read_text().split()  # noqa: E731
+    wait_until(forked, what="the sh to fork its first sleep (into the group)")
     assert iso.remove() is True and not (group.dir / "oomguard-run-1").exists()
-    assert time.monotonic() - start < 1.5 and s.wait(5) == -signal.SIGKILL
+    assert s.wait(5) == -signal.SIGKILL
 
 
 @needs_v1
@@ -408,9 +409,6 @@ def test_v1_a_new_supervisor_reaps_what_a_sigkilled_one_left(group: Group, tmp_p
     assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr
     assert f"removed leftover {left} (supervisor {first.pid} is gone, 1 process(es) in it killed)" in second.stderr
     assert not left.exists() and not list(group.dir.glob("oomguard-run-*"))
-    for _ in range(100):  # the orphan is init's (or a subreaper's) to reap
-        if not os.path.exists(f"/proc/{orphan}") or Path(f"/proc/{orphan}/stat").read_text().split(") ")[1][0] == "Z":
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail(f"pid {orphan} still runs")
+    stat = Path(f"/proc/{orphan}/stat")  # the orphan is init's (or a subreaper's) to reap
+    ended = lambda: not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"  # noqa: E731
+    wait_until(ended, what=f"pid {orphan} to end")

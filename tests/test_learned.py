@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ from oomguard.policy.plan import Shape
 from tests.agent_fake import unused_port_url
 from tests.conftest import run_oomguard
 from tests.helpers.fuzz import examples
+from tests.helpers.wait import wait_until
 from tests.manager_helpers import AGENT, AGENT_H, VIEWER_H, ManagerProcess, db_url_of
 
 MiB = 1 << 20
@@ -270,10 +270,12 @@ def test_run_starts_at_the_learned_size_and_observes_that_size(db: str, profiles
             f"per job {learned / MiB:.3g} MiB (learned {learned / MiB:.3g} MiB per job (3 sample(s), node)"
             in proc.stderr
         )
-        deadline, seen = time.monotonic() + 10, advice(server.url, "r1")
-        while seen["samples"] < 4 and time.monotonic() < deadline:  # the run's own observation arrives
-            time.sleep(0.1)
-            seen = advice(server.url, "r1")
+
+        def arrived() -> dict[str, Any]:  # the run's own observation arrives
+            now = advice(server.url, "r1")
+            return now if now["samples"] >= 4 else {}
+
+        seen = wait_until(arrived, interval=0.1, what="the run's own observation (a 4th sample)")
         assert seen["samples"] == 4 and seen["declared_per_job_bytes"] == learned  # the size the jobs ran at
         assert seen["node_class"] == "lab2"  # --node-class: the node_class label of run's envelopes
     finally:
@@ -293,13 +295,6 @@ class Box:
         return self.value
 
 
-def _until(cond: Any, timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.002)
-
-
 def test_a_watched_budget_observes_what_its_jobs_really_used() -> None:
     """Declared 100 MiB a job; each really raises the working set by 125 MiB: the overshoot the
     watch learns (two samples in a row) makes the observation's per-job peak."""
@@ -309,7 +304,7 @@ def test_a_watched_budget_observes_what_its_jobs_really_used() -> None:
         assert budget.observation("tiny", 100 * MiB) is None  # nothing learned yet: nothing to say
         jobs = [budget.reserve(100 * MiB) for _ in range(3)]
         box.value = 50 * MiB + 3 * 125 * MiB
-        _until(lambda: budget.overshoot == 1.25)
+        wait_until(lambda: budget.overshoot == 1.25, interval=0.002, what="the overshoot learned")
         for r in jobs:
             r.release()
         seen = budget.observation("tiny", 100 * MiB, 40 * MiB)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from oomguard.manager.web.proxies import address, client_address
 from oomguard.manager.web.sessions import FailureLimiter
 from tests.conftest import run_oomguard
 from tests.helpers.fuzz import FAST
+from tests.helpers.wait import wait_until
 from tests.manager_helpers import (
     AGENT,
     AGENT_H,
@@ -250,10 +250,7 @@ def test_a_restarted_manager_looks_up_none_of_the_nodes_it_read_at_start(db_url:
             lookups.append(str(parameters))
 
     with client as c:
-        deadline = time.monotonic() + 30
-        while not app.state.new_nodes.known("old-0"):
-            assert time.monotonic() < deadline, "the node names were not read at start"
-            time.sleep(0.02)
+        wait_until(lambda: app.state.new_nodes.known("old-0"), what="the node names read at start")
         sqlalchemy.event.listen(app.state.store.engine, "before_cursor_execute", seen)
         for i in range(5):
             assert c.post(REPORTS, json=envelope(f"old-{i}", fixture_report()), headers=AGENT_H).status_code == 200

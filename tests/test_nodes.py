@@ -115,9 +115,9 @@ def test_the_manager_enforces_the_same_pattern() -> None:
 @example("x" * 129)
 def test_the_manager_accepts_every_sanitized_name(text: str) -> None:
     """The issue: names starting with _ or . or a non-ASCII letter got 422 on every report."""
+    model = _manager_node_model()  # skips where the manager's libraries are not installed
     from pydantic import ValidationError
 
-    model = _manager_node_model()
     model(node=sanitize_node_name(text))
     if not is_valid_node_name(text):
         with pytest.raises(ValidationError):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from oomguard.policy.plan import Shape
 from oomguard.supervisor.observe import observation
 from tests.agent_fake import TOKEN, FakeManager, running_manager
 from tests.conftest import run_oomguard
+from tests.helpers.wait import wait_until
 from tests.manager_helpers import AGENT, VIEWER_H, ManagerProcess
 
 MiB = 1 << 20
@@ -118,11 +118,12 @@ def test_a_real_run_of_a_profile_teaches_a_real_manager(tmp_path: Path) -> None:
         exits = [e for e in events if e["event"] == "exit"]
         peaks = [e["peak_bytes"] for e in exits]
         assert all(p is not None and p > 96 * MiB for p in peaks), peaks
-        deadline = time.monotonic() + 10
-        answer = advice(server.url, "tiny", "worker-8")
-        while answer["samples"] < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-            answer = advice(server.url, "tiny", "worker-8")
+
+        def arrived() -> dict[str, Any]:
+            now = advice(server.url, "tiny", "worker-8")
+            return now if now["samples"] >= 3 else {}
+
+        answer = wait_until(arrived, interval=0.1, what="the three runs' observations")
         assert answer["source"] == "node" and answer["samples"] == 3, answer
         assert answer["declared_per_job_bytes"] == 64 * MiB and answer["declared_baseline_bytes"] == 16 * MiB
         assert answer["baseline_bytes"] == 16 * MiB  # not measured: the declared one

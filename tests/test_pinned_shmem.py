@@ -85,8 +85,9 @@ def test_the_guard_stops_the_worker_earlier_by_what_is_pinned(group: Group, tmp_
 
 
 WATCHED = r"""
-import json, mmap, os, time
+import json, mmap, os
 from oomguard import MemoryBudget
+from tests.helpers.wait import wait_until
 MiB = 1 << 20
 fd = os.memfd_create("pinned-standin"); os.ftruncate(fd, 150 * MiB)
 pinned = mmap.mmap(fd, 150 * MiB)
@@ -94,8 +95,7 @@ out = {}
 with MemoryBudget.from_system(budget="200MiB", watch=True, guard_margin="16MiB", interval=0.02, gpu=False) as b:
     out["static_would"] = b.used + 100 * MiB <= b.total
     for i in range(0, 150 * MiB, 4096): pinned[i] = 1
-    time.sleep(0.2)
-    out["ws_held"] = b.working_set
+    out["ws_held"] = wait_until(lambda: (b.working_set or 0) >= 150 * MiB and b.working_set, what="the pages sampled")
     out["refused"] = b.try_reserve(100 * MiB) is None
 print(json.dumps(out))
 """
@@ -103,7 +103,8 @@ print(json.dumps(out))
 
 def test_memory_budget_watch_admits_by_the_pinned_pages_too(group: Group) -> None:
     group.set_limit(256 * MiB)
-    proc = group.run(PY, "-c", WATCHED, env=ENV)
+    env = {**ENV, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}  # the child waits with tests.helpers.wait
+    proc = group.run(PY, "-c", WATCHED, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["static_would"]  # the reservations alone would admit it

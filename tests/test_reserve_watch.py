@@ -8,7 +8,6 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from oomguard.runtime.watch import Watch, read_working_set
 from oomguard.sources.root import DirRoot
 from tests.conftest import REPO
 from tests.helpers.trees import make_tree
+from tests.helpers.wait import wait_until
 from tests.realcgroup import Group, limited_group, writable_parent
 
 MiB = 1024 * 1024
@@ -40,11 +40,10 @@ class Box:
         return self.value
 
 
-def wait_until(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.002)
+def sampled_again(box: Box, times: int = 3) -> None:
+    """Wait until the sampler has read *box* *times* more times: what it decided since is settled."""
+    n = box.calls
+    wait_until(lambda: box.calls >= n + times, interval=0.002, what=f"{times} more samples of the working set")
 
 
 def watched(total: int, box: Box, ceiling: int = 1000, margin: int = 100, **kw: object) -> MemoryBudget:
@@ -74,8 +73,8 @@ def test_a_waiter_is_woken_when_usage_falls() -> None:
         got: list[Reservation] = []
         t = threading.Thread(target=lambda: got.append(b.reserve(100, timeout=5)))
         t.start()
-        wait_until(lambda: b.waiting == 1)
-        time.sleep(0.05)
+        wait_until(lambda: b.waiting == 1, what="the thread to queue")
+        sampled_again(box)
         assert not got  # several samples later, still waiting
         box.value = 700
         t.join(5)
@@ -97,7 +96,6 @@ def test_fifo_the_head_blocks_those_behind() -> None:
             r = b.reserve(n, timeout=5)
             with lock:
                 order.append(n)
-            time.sleep(0.05)
             r.release()
 
         head = threading.Thread(target=req, args=(400,))  # 600 + 400 > 900: waits
@@ -105,8 +103,8 @@ def test_fifo_the_head_blocks_those_behind() -> None:
         wait_until(lambda: b.waiting == 1)
         tail = threading.Thread(target=req, args=(100,))  # would fit (700 <= 900), but queues behind
         tail.start()
-        wait_until(lambda: b.waiting == 2)
-        time.sleep(0.05)
+        wait_until(lambda: b.waiting == 2, what="both threads to queue")
+        sampled_again(box)
         assert order == []
         box.value = 450  # the head fits (850 <= 900); the tail then does not (850 + 100) until it ends
         head.join(5)
@@ -120,10 +118,9 @@ def test_hook_is_called_once_per_crossing() -> None:
     with watched(500, box, on_over_budget=seen.append) as b:
         for value in (600, 700, 650, 400, 300, 800):
             box.value = value
-            n = box.calls
-            wait_until(lambda n=n: box.calls >= n + 2)  # a sample taken after the change was observed
-        wait_until(lambda: len(seen) == 2)
-        time.sleep(0.05)
+            sampled_again(box, 2)  # a sample taken after the change was observed
+        wait_until(lambda: len(seen) == 2, what="two crossings")
+        sampled_again(box)
         assert seen == [600, 800]
         assert b.hook_error is None
 
@@ -151,8 +148,10 @@ def test_asyncio_waits_for_the_fall() -> None:
     box = Box(880)
 
     async def main(b: MemoryBudget) -> int:
-        task = asyncio.ensure_future(b.areserve(50, timeout=5))
-        await asyncio.sleep(0.05)
+        task = asyncio.ensure_future(b.areserve(50, timeout=60))
+        # Waited for in a thread, so that this loop runs the task meanwhile.
+        await asyncio.to_thread(wait_until, lambda: b.waiting == 1, what="the task to queue")
+        await asyncio.to_thread(sampled_again, box)
         assert not task.done() and b.waiting == 1
         box.value = 100
         r = await task
@@ -225,9 +224,7 @@ def test_close_stops_the_thread_and_falls_back() -> None:
     assert not thread.is_alive()
     t.join(5)
     assert got  # re-evaluated by the static rule at close
-    calls = box.calls
-    time.sleep(0.05)
-    assert box.calls == calls and b.working_set is None
+    assert b.working_set is None  # the sampler thread is gone (above): nothing samples any more
     b.close()  # twice is harmless
 
 
@@ -400,8 +397,9 @@ def test_read_working_set_never_raises(usage: str, stat: str, version: int) -> N
 VERSION, PARENT = writable_parent()
 
 CHILD = r"""
-import json, time
+import json
 from oomguard import MemoryBudget
+from tests.helpers.wait import wait_until
 MiB = 1 << 20
 out = {}
 with MemoryBudget.from_system(budget="200MiB", watch=True, guard_margin="16MiB", interval=0.02, gpu=False) as b:
@@ -409,13 +407,10 @@ with MemoryBudget.from_system(budget="200MiB", watch=True, guard_margin="16MiB",
     out["warning"] = b.watch_warning
     out["static_would"] = b.used + 100 * MiB <= b.total
     blob = b"\x01" * (150 * MiB)  # real memory outside any reservation
-    time.sleep(0.2)
-    out["ws_held"] = b.working_set
+    out["ws_held"] = wait_until(lambda: (b.working_set or 0) >= 150 * MiB and b.working_set, what="the blob sampled")
     out["refused"] = b.try_reserve(100 * MiB) is None
     del blob
-    t = time.monotonic()
-    r = b.reserve(100 * MiB, timeout=5)
-    out["waited"] = time.monotonic() - t
+    r = b.reserve(100 * MiB, timeout=60)  # granted once the blob was freed (a hang would end here)
     out["ws_after"] = b.working_set
     held = b"\x01" * (90 * MiB)  # the reservation, used
     out["granted"] = r.held
@@ -432,7 +427,7 @@ def group() -> Iterator[Group]:
 def test_real_cgroup_admits_by_what_the_kernel_sees(group: Group) -> None:
     group.set_limit(256 * MiB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OOMGUARD_")}
-    env["PYTHONPATH"] = str(REPO / "src")
+    env["PYTHONPATH"] = os.pathsep.join((str(REPO / "src"), str(REPO)))  # the child waits with tests.helpers.wait
     proc = group.run(sys.executable, "-c", CHILD, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -440,5 +435,5 @@ def test_real_cgroup_admits_by_what_the_kernel_sees(group: Group) -> None:
     assert out["static_would"]  # the reserved total alone would have admitted it
     assert 150 * MiB <= out["ws_held"] < 230 * MiB  # the interpreter plus the 150 MiB blob
     assert out["refused"]  # ws + 100 MiB > 256 - 16 MiB
-    assert out["waited"] < 3 and out["ws_after"] < 100 * MiB  # granted once the blob was freed
+    assert out["ws_after"] < 100 * MiB  # granted once the blob was freed
     assert out["granted"] == 100 * MiB

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import typing
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from oomguard.supervisor.events import FIELDS, EventLog
 from oomguard.supervisor.exits import exit_fields
 from oomguard.supervisor.observe import observation
 from tests.conftest import REPO
+from tests.helpers.wait import wait_until
 
 NAMES = ("event", "observation", "recommendation")
 SCHEMAS: dict[str, dict[str, Any]] = {
@@ -245,10 +245,7 @@ def real_run(
 
 
 def _until_ready(tmp_path: Path) -> None:
-    end = time.monotonic() + 20
-    while not (tmp_path / "ready").exists():
-        assert time.monotonic() < end, "the worker never started"
-        time.sleep(0.02)
+    wait_until((tmp_path / "ready").exists, what="the worker's start (its ready file)")
 
 
 def test_a_real_run_s_events_fit_the_schema(tmp_path: Path) -> None:
@@ -305,10 +302,10 @@ def test_what_the_forwarder_and_the_gate_post_fits_the_schema(fake_manager: Any,
         return [r["body"].get("event", {}).get("event", "observation") for r in fake_manager.requests]
 
     try:
-        deadline = time.monotonic() + 10
-        while not ({"heartbeat", "gate"} <= set(kinds()) and kinds().count("observation") == 4):
-            assert time.monotonic() < deadline, kinds()
-            time.sleep(0.02)
+        wait_until(
+            lambda: {"heartbeat", "gate"} <= set(kinds()) and kinds().count("observation") == 4,
+            what="a heartbeat, the gate event and 4 observations at the fake manager",
+        )
     finally:
         sink.close()
     for r in fake_manager.requests:

@@ -35,6 +35,7 @@ from oomguard.manager.db import make_engine, migrate, reports
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import DEFAULT_WRITE_QUEUE_BYTES, Store
 from oomguard.manager.store.commit import JOB_OVERHEAD, GroupCommitter
+from tests.helpers.wait import wait_until
 from tests.manager_helpers import AGENT, AGENT_H, VIEWER, fixture_report, local_client
 from tests.pg import PostgresServer, own_server
 
@@ -107,13 +108,6 @@ class _Sampler:
         self._thread.join(5)
 
 
-def _wait(cond: Callable[[], bool], what: str, within_s: float = 30.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def _hang_and_check(url: str, c: TestClient, committer: GroupCommitter, hang: Any, resume: Callable[[], None]) -> None:
     """The scenario on both databases: acknowledged writes, then the database hangs (*hang*), a
     blocker the writer takes, 24 more writes at once, then *resume*; then the agent's retries."""
@@ -124,10 +118,13 @@ def _hang_and_check(url: str, c: TestClient, committer: GroupCommitter, hang: An
     later = [f"later-{i:02d}-{uuid.uuid4().hex[:8]}" for i in range(24)]
     with hang(), _Sampler(committer) as sampler, ThreadPoolExecutor(len(later) + 1) as pool:
         first = pool.submit(_post, c, "n", blocker)
-        _wait(lambda: committer.held_bytes > 0 and committer.queued == 0, "the writer did not take the blocker")
+        wait_until(
+            lambda: committer.held_bytes > 0 and committer.queued == 0,
+            what="the writer to take the blocker",
+        )
         answers = list(pool.map(lambda i: _post(c, "n", i), later))
         assert first.result()[0] == 503  # its request timed out while the writer held it
-        _wait(lambda: committer.queued == 0, "withdrawn writes were left in the queue")
+        wait_until(lambda: committer.queued == 0, what="the withdrawn writes to leave the queue")
         assert committer.held_bytes <= PADDING + 2 * JOB_OVERHEAD + 20_000  # only the blocker's bytes
     statuses = [status for status, _, _ in answers]
     assert set(statuses) == {503}, statuses
@@ -141,14 +138,14 @@ def _hang_and_check(url: str, c: TestClient, committer: GroupCommitter, hang: An
     assert all(after is not None and after.isdigit() for _, _, after in answers)  # Retry-After on every 503
     assert sampler.peak <= CAP, sampler.peak
     resume()
-    _wait(lambda: committer.held_bytes == 0, "the writer did not finish the blocker")
+    wait_until(lambda: committer.held_bytes == 0, what="the writer to finish the blocker")
     stored = _stored(url, [*acked, blocker, *later])
     assert all(stored.get(i) == 1 for i in acked), stored  # every acknowledged write is there
     assert not any(i in stored for i in later), stored  # no 503'd write that had not started
     assert stored.get(blocker, 0) <= 1  # the one in the hung transaction: committed or not, once
     # The agent retries each 503 with the same id: every write stored exactly once.
     for i in [blocker, *later]:
-        _wait(lambda i=i: _post(c, "n", i)[0] == 200, f"the retry of {i} was not stored")  # type: ignore[misc]
+        wait_until(lambda i=i: _post(c, "n", i)[0] == 200, what=f"the retry of {i} to be stored")  # type: ignore[misc]
     assert _stored(url, [*acked, blocker, *later]) == dict.fromkeys([*acked, blocker, *later], 1)
 
 
@@ -224,7 +221,7 @@ def test_the_cap_has_a_sensible_default_and_a_lone_write_always_fits(tmp_path: P
     store = Store(make_engine(url), write_queue_bytes=1)  # smaller than any write
     with local_client(create_app(settings, store)) as c:
         # The start-up read of the node names (app.warm) is a job of the writer too: wait for it.
-        _wait(lambda: store._writer.committer.held_bytes == 0, "the start-up read did not end")
+        wait_until(lambda: store._writer.committer.held_bytes == 0, what="the start-up read to end")
         for k in range(3):  # one at a time: each is alone in the queue, so each fits
             assert _post(c, "n", f"lone-{k}")[0] == 200
     assert _stored(url, [f"lone-{k}" for k in range(3)]) == {f"lone-{k}": 1 for k in range(3)}

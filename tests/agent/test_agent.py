@@ -22,6 +22,7 @@ from tests.agent_fake import (
     put_reports,
     why_of,
 )
+from tests.helpers.wait import wait_until
 
 # --- delivery ---------------------------------------------------------------------------
 
@@ -393,9 +394,7 @@ def test_event_forwarder_delivers_and_survives_a_broken_spool(
     spool = tmp_path / "spool"
     fwd = EventForwarder(manager.url, TOKEN, "_gpu-1", str(spool))  # a name the manager would refuse
     fwd({"event": "start", "pid": 1})
-    deadline = time.monotonic() + 10
-    while not manager.order and time.monotonic() < deadline:  # sent by the background thread
-        time.sleep(0.01)
+    wait_until(lambda: manager.order, what="the start event, sent by the background thread")
     shutil.rmtree(spool)
     spool.write_text("in the way")  # the spool breaks under a running supervisor: no exception
     fwd({"event": "exit", "pid": 1})

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from oomguard.labels import LABELS_MAX, VALUE_MAX, label_problem
 from tests.agent_fake import TOKEN, FakeManager, Logs, agent_args
 from tests.conftest import REPO, run_oomguard
 from tests.helpers.fuzz import examples
+from tests.helpers.wait import wait_until
 
 # --- the rule ---------------------------------------------------------------------------------
 
@@ -217,9 +217,7 @@ def test_run_events_and_heartbeats_carry_the_labels(manager: FakeManager, tmp_pa
         return [r["body"]["event"]["event"] for r in manager.requests]
 
     try:  # the start goes through the spool, the heartbeats straight: either may arrive first
-        deadline = time.monotonic() + 10
-        while not {"start", "heartbeat"} <= set(kinds()) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: {"start", "heartbeat"} <= set(kinds()), what="a start and a heartbeat")
     finally:
         sink.close()
     assert kinds().count("start") == 1 and "heartbeat" in kinds(), kinds()

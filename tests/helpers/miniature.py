@@ -25,13 +25,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO
+from tests.helpers.wait import wait_until
 from tests.manager_helpers import AGENT, VIEWER_H
 from tests.realcgroup import Group
 
@@ -129,9 +129,11 @@ def run_miniature(url: str, groups: dict[str, Group], work: Path) -> Outcome:
             out.reasons[name].append(end["reason"])
             out.learned[name].append(start["learned"])
             runs += 1
-            deadline = time.monotonic() + 30
-            while observations(url) < runs and time.monotonic() < deadline:  # this run's, through its spool
-                time.sleep(0.05)
+
+            def arrived(n: int = runs) -> bool:  # this run's, through its spool
+                return observations(url) >= n
+
+            wait_until(arrived, interval=0.05, what=f"{name} round {round_no}'s observation")
             assert observations(url) == runs, (name, round_no, observations(url), runs)
     out.kernel_oom_kills = {name: group.oom_kills() for name, group in groups.items()}
     return out

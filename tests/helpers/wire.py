@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from oomguard.manager.web.server import bind, build_server
+from tests.helpers.wait import wait_until
 
 
 class LiveServer:
@@ -26,10 +27,7 @@ class LiveServer:
 
     def __enter__(self) -> LiveServer:
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started, what="the server to start")
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import LiveRoot
 from oomguard.supervisor.isolate import SUPERVISOR_LEAF, Isolation
+from tests.helpers.wait import wait_until
 from tests.vm.guest.cg import CGROOT, HOG, PYTHON, Group, MiB, oomguard_env, read_events
 
 GroupFactory = Callable[..., Group]
@@ -177,11 +177,7 @@ def test_a_new_supervisor_reaps_what_a_sigkilled_one_left(group: GroupFactory, e
     assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr
     assert f"removed leftover {left} (supervisor {first.pid} is gone, 1 process(es) in it killed)" in second.stderr
     assert _leftover_run_groups(g.path) == []
-    for _ in range(100):
-        if _state(orphan) in ("gone", "Z"):
-            break
-        time.sleep(0.05)
-    assert _state(orphan) in ("gone", "Z"), f"pid {orphan} still runs"
+    wait_until(lambda: _state(orphan) in ("gone", "Z"), what=f"pid {orphan} to end")
 
 
 class _Recording(CgroupFS):
@@ -212,10 +208,8 @@ def test_clean_up_uses_cgroup_kill(group: GroupFactory) -> None:
     run.children.append(sub)
     a = run.popen("sh", "-c", "sleep 300 & exec sleep 301")
     b = sub.popen("sleep", "302")
-    for _ in range(100):  # until the sh has forked its first sleep
-        if len(run.read("cgroup.procs").split()) == 2:
-            break
-        time.sleep(0.02)
+    forked = lambda: len(run.read("cgroup.procs").split()) == 2  # noqa: E731
+    wait_until(forked, what="the sh to fork its first sleep")
     fs = _Recording()
     report: Any = {"memory": {"cgroup": {"dir": str(g.path), "version": 2}}}  # all reaping reads of a report
     notes = Isolation.reap_leftovers(report, LiveRoot(), fs)

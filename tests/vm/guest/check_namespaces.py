@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from tests.helpers.wait import wait_until
 from tests.vm.guest.cg import PYTHON, Group, MiB, oomguard_env, parse_report, warning_codes
 
 GroupFactory = Callable[..., Group]
@@ -102,10 +102,8 @@ def ns_holder(group: GroupFactory) -> Iterator[tuple[Group, int]]:
     holder = g.popen("unshare", "-C", "sleep", "120", stdout=subprocess.DEVNULL)
     try:
         # unshare execs sleep in the same process: wait until its namespace differs from ours.
-        for _ in range(200):
-            if os.readlink(f"/proc/{holder.pid}/ns/cgroup") != os.readlink("/proc/self/ns/cgroup"):
-                break
-            time.sleep(0.02)
+        own = lambda: os.readlink(f"/proc/{holder.pid}/ns/cgroup") != os.readlink("/proc/self/ns/cgroup")  # noqa: E731
+        wait_until(own, what="the holder's own cgroup namespace")
         yield g, holder.pid
     finally:
         holder.kill()

@@ -10,10 +10,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.helpers.wait import wait_until
 from tests.vm.guest.cg import HOG, PYTHON, Group, MiB, check, read_events, warning_codes
 from tests.workers import KILLED_9, OUTSIDER
 
@@ -26,12 +26,8 @@ def _run(g: Group, events: Path, *args: str) -> tuple[int, list[dict], str]:  # 
     return proc.returncode, read_events(events) if events.exists() else [], proc.stderr
 
 
-def _wait_for(path: Path, timeout: float = 30) -> str:
-    end = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.02)
-    return path.read_text().strip()
+def _wait_for(path: Path) -> str:
+    return wait_until(lambda: path.read_text().strip() if path.exists() else "", what=f"{path} to be written")
 
 
 def test_a_descendants_oom_kill_is_an_oom_kill_and_steps_down(group: GroupFactory, events: Path) -> None:

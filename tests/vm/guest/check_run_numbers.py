@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.wait import wait_until
 from tests.vm.guest.cg import PYTHON, Group, MiB, oomguard_env, read_events
 from tests.workers import FIRST_RUN, HOLDER, OUTSIDER
 
@@ -42,12 +43,8 @@ def _start(g: Group, events: Path, *args: str) -> subprocess.Popen[str]:
     return g.popen(PYTHON, "-m", "oomguard", "run", "--events", str(events), *args, stderr=subprocess.PIPE)
 
 
-def _wait_for(path: Path, timeout: float = 60) -> str:
-    end = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.02)
-    return path.read_text().strip()
+def _wait_for(path: Path) -> str:
+    return wait_until(lambda: path.read_text().strip() if path.exists() else "", what=f"{path} to be written")
 
 
 def _exits(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,8 +58,9 @@ def _starts(evs: list[dict[str, Any]]) -> list[int | None]:
 def test_run_numbers_the_peak_is_the_workers_vmhwm(group: GroupFactory, events: Path) -> None:
     g = group(256 * MiB)
     direct = subprocess.Popen(["sleep", "2"])
-    time.sleep(1)
-    own = int(next(x for x in Path(f"/proc/{direct.pid}/status").read_text().splitlines() if "VmHWM" in x).split()[1])
+    status = Path(f"/proc/{direct.pid}/status")
+    wait_until(lambda: "State:\tS" in status.read_text(), interval=0.005, what="sleep 2 to sleep")  # loaded
+    own = int(next(x for x in status.read_text().splitlines() if "VmHWM" in x).split()[1])
     direct.wait()
     rc, evs, err = _run(g, events, "--restart", "never", "--budget", "64MiB", "--", "sleep", "2")
     end = evs[-1]
@@ -107,7 +105,7 @@ def test_run_numbers_a_neighbours_oom_kill_then_a_kill_9(group: GroupFactory, ev
     worker = int(_wait_for(pidfile))
     neighbour = g.run(PYTHON, "-c", OUTSIDER, str(ready), str(go))  # joins after the start, OOM-killed
     assert neighbour.returncode == -signal.SIGKILL, neighbour
-    time.sleep(3)
+    time.sleep(3)  # the scenario: the worker runs on for 3 s after the neighbour's OOM kill
     os.kill(worker, signal.SIGKILL)
     _, err = sup.communicate(timeout=240)
     evs = read_events(events)
@@ -128,10 +126,11 @@ def test_run_numbers_a_neighbours_kill_9_then_the_workers_oom_kill(
         sup = _start(g, events, *SHAPE, "--budget", "64MiB", *ONE_RESTART, "--", PYTHON, "-c", FIRST_RUN,
                      str(pidfile), str(go), "hog")  # fmt: skip
         _wait_for(pidfile)
-        time.sleep(1)
+        started = lambda: events.exists() and any(e["event"] == "start" for e in read_events(events))  # noqa: E731
+        wait_until(started, what="the supervisor's start event (past watching the group)")
         neighbour.kill()
         neighbour.wait()
-        time.sleep(3)
+        time.sleep(3)  # the scenario: 3 s later (past MARK_EVERY: the supervisor saw the neighbour gone)
         go.write_text("now")
         _, err = sup.communicate(timeout=240)
     finally:

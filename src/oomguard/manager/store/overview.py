@@ -1,7 +1,7 @@
 """The dashboard overview's fleet-wide answer, kept a few seconds where it is slow to compute.
 
 The overview (``/``: the cards, the alerts by kind, the page of nodes riskiest first) reads every
-node: at 100,000 nodes on PostgreSQL that is 0.15-0.18 s of a page's time (BENCHMARKS.md).
+node: at 100,000 nodes on PostgreSQL that is 0.15-0.18 s of a page's time (docs/benchmarks-history.md).
 An answer is kept only for a fleet of ``KEEP_FROM`` nodes or more, and only when it took
 ``SLOW_S`` or longer: a smaller fleet always sees its database as it is (whatever the machine's
 load), and so does a large one whose database answers quickly. Such an answer is kept per
