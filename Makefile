@@ -177,9 +177,10 @@ test-newest:
 		--ignore=tests/vm -m "not runtimes and not browser and not slow and not timing" $(PYTEST_ARGS)
 
 # Coverage of src/oomguard by the quick loop's tests (make test-fast's selection, in full), with its
-# floor: the figure measured when the floor was set, 85.4 % on 2026-12-04 (CONTRIBUTING.md), rounded
-# down; the lane fails below it and prints the figure either way.
-COV_FLOOR ?= 85
+# floor: the figure measured when the floor was set, 85.4 % on 2026-12-04 (CONTRIBUTING.md), less a
+# point for the `timing` tests since left out of this selection and for threaded paths that one run
+# takes and another does not; the lane fails below it and prints the figure either way.
+COV_FLOOR ?= 84
 cov-floor: $(STAMP)
 	@mkdir -p test-artifacts
 	$(BIN)/python -m pytest -q -n $(FAST_WORKERS) --dist loadfile \

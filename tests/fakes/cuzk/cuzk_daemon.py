@@ -13,8 +13,10 @@ What it copies from CuZK (filecoin-project/curio at e0294b0, extern/cuzk):
 - the budget, cuzk-memory-manager.md L19-24 and memory.rs L35-38: the pinned SRS (44 GiB) and the
   PCE (26 GiB) reserve from the budget for the life of the process; each partition reserves 14 GiB
   before its synthesis and gives it back after; ``MemoryBudget::acquire`` waits while the next
-  reservation would pass the total, so partitions in flight are the most that fit, up to the
-  pipeline's lookahead, max(1, min(total / 14 GiB, 32)) (engine.rs L1412-1414).
+  reservation would pass the total. Partitions wait for the GPU in a bounded channel of the
+  pipeline's lookahead, max(configured, min(total / 14 GiB, 32)) (engine.rs L13-17, L1412-1414,
+  L1854-1856), beside the ones being synthesised: the stand-in holds the most that fit in the
+  budget, up to that lookahead (a simplification: CuZK's own count also depends on its timing).
 
 Scaled by ``CUZK_STANDIN_SCALE`` (default 64: 704 MiB SRS, 416 MiB PCE, 224 MiB a partition);
 ``CUZK_STANDIN_BATCHES`` batches (default 1), each filling the budget with partitions, touching
