@@ -310,3 +310,17 @@ def test_a_failed_write_at_a_restart_stops_the_run(tmp_path: Path) -> None:
     kinds = [json.loads(x)["event"] for x in events.read_text().splitlines()]
     assert kinds == ["start", "exit", "restart", "give-up"]
     assert proc.stderr.strip().splitlines()[-1].startswith("oomguard: error: --cuzk: cannot read")
+
+
+def test_run_says_a_templates_lower_budget_was_kept(tmp_path: Path) -> None:
+    template = tmp_path / "cuzk.toml"
+    template.write_text('[memory]\ntotal_budget = "1GiB"\n')
+    proc = _run(
+        "--restart", "never", "--budget", "3GiB", "--cuzk", str(template),
+        "--", _script(tmp_path / "cuzk-daemon", "true"), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if "--cuzk:" in x)
+    assert f"total_budget = {GiB} (1 GiB): the template's '1GiB' is below the budget {3 * GiB} and is kept" in line
+    written = tomllib.loads((tmp_path / "cuzk.oomguard.toml").read_text())
+    assert written["memory"]["total_budget"] == str(GiB)

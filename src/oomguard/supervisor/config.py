@@ -247,7 +247,7 @@ class RunConfig:
         from oomguard.supervisor.templates import Rendered
 
         out = output or cuzk_output(template)
-        r = Rendered(template, out, "--cuzk", cuzk.fill("--cuzk"), cuzk.describe)
+        r = Rendered(template, out, "--cuzk", *cuzk.editor("--cuzk"))
         r.check({"total_budget_bytes": "1"})
         self.rendered.append(r)
         command, said = cuzk.without_budget_flag(command)

@@ -183,23 +183,21 @@ def _same_but_budget(before: str, after: str, value: str, loads: Loads) -> None:
         raise ValueError("cannot set total_budget by a line edit (a multi-line value or a [memory] inside a string?)")
 
 
-def fill(flag: str) -> Callable[[str, dict[str, str]], str]:
-    """The ``Rendered`` fill for a CuZK config: ``total_budget`` from the ``total_budget_bytes`` value."""
+def editor(flag: str) -> tuple[Callable[[str, dict[str, str]], str], Callable[[str], str]]:
+    """The ``Rendered`` fill and describe of a CuZK config: ``total_budget`` from the
+    ``total_budget_bytes`` value; the last edit in words, for ``run``'s line ("total_budget =
+    5368709120 (5 GiB)", and that a template's lower value was kept)."""
     loads = toml_loads()
+    said = {"note": "total_budget unknown"}
 
-    def _fill(text: str, values: dict[str, str]) -> str:
+    def fill(text: str, values: dict[str, str]) -> str:
         try:
-            return set_total_budget(text, int(values["total_budget_bytes"]), loads)[0]
+            out, said["note"] = set_total_budget(text, int(values["total_budget_bytes"]), loads)
         except ValueError as exc:
             raise UsageError(f"{flag}: {exc}") from None
+        return out
 
-    return _fill
-
-
-def describe(text: str) -> str:
-    """What a written config gives CuZK, for ``run``'s line: "total_budget = 5368709120 (5 GiB)"."""
-    value = _line_value(text)
-    return "total_budget unknown" if value is None else f"total_budget = {value} ({format_size(parse_size(value))})"
+    return fill, lambda text: said["note"]
 
 
 # -- the worker's command line ---------------------------------------------------------------
