@@ -145,8 +145,11 @@ clean:
 # tools of constraints-py310.txt only; the test modules of the worker side (tests/conftest.py:
 # OOMGUARD_TEST_LANE=worker leaves out those that import the manager or its libraries, and says how
 # many), without the vm, runtimes and slow tests. PY310: the interpreter (default: python3.10 on
-# PATH, else pyenv's 3.10.x, which this machine kind ships); without one the lane says so and passes.
-PY310 ?= $(shell command -v python3.10 2>/dev/null || ls -d /root/.pyenv/versions/3.10.*/bin/python3 2>/dev/null | tail -1)
+# PATH where it runs, else pyenv's 3.10.x, which this machine kind ships); without one the lane says
+# so and passes.
+# Each candidate is run once: pyenv's shim `python3.10` is on PATH even where no 3.10 is selected, and fails.
+PY310 ?= $(shell for p in $$(command -v python3.10) $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.10.*/bin/python3; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV310 := .venv310
 $(VENV310)/.installed: pyproject.toml constraints-py310.txt
 	$(PY310) -m venv $(VENV310)
