@@ -24,6 +24,7 @@ from sqlalchemy import text
 from oomguard.manager.app import create_app
 from oomguard.manager.db import make_engine, migrate
 from oomguard.manager.settings import Settings
+from tests.helpers.mounts import tmpfs
 from tests.helpers.wait import wait_until
 from tests.helpers.wire import LiveServer, until_closed
 from tests.manager_helpers import (
@@ -612,14 +613,8 @@ def episode_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real file system of 2 MiB (tmpfs), to fill."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with tmpfs(tmp_path / "small", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_full_disk_is_one_logged_episode_counted_and_in_healthz(

@@ -20,6 +20,7 @@ from oomguard.supervisor import cuzk
 from oomguard.supervisor.config import RunConfig, cuzk_output, worker_values
 from oomguard.supervisor.templates import Rendered, write_atomic
 from tests.helpers.fuzz import examples
+from tests.helpers.mounts import tmpfs
 
 tomllib = pytest.importorskip("tomllib", reason="TOML is read by tomllib: Python >= 3.11")
 
@@ -221,16 +222,10 @@ def test_write_atomic_replaces_and_keeps_the_templates_mode(tmp_path: Path) -> N
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     """A read-only file system (a tmpfs mounted ro) holding a CuZK template: a Kubernetes ConfigMap."""
-    where = tmp_path / "ro"
-    where.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "none", str(where)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)")
-    try:
+    with tmpfs(tmp_path / "ro", "1m") as where:
         (where / "cuzk.toml").write_text(EXAMPLE)
         subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
         yield where
-    finally:
-        subprocess.run(["umount", str(where)], check=False)
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

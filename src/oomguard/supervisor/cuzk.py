@@ -35,11 +35,9 @@ from collections.abc import Callable
 from typing import Any
 
 from oomguard.errors import UsageError
-from oomguard.units import format_size
+from oomguard.units import GiB, MiB, format_size
 
 U64 = 1 << 64
-GiB = 1 << 30
-MiB = 1 << 20
 # Rust's str::trim: Unicode White_Space (not Python's str.isspace, which adds U+001C-U+001F).
 _RUST_WHITESPACE = (
     "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
@@ -108,16 +106,25 @@ def _lines(text: str) -> list[str]:
     return [x for x in re.split(r"(?<=\n)", text) if x]
 
 
+def _memory_lines(lines: list[str]) -> tuple[int, int | None] | None:
+    """Where the ``[memory]`` table is in *lines*: (its header's index, its ``total_budget`` line's
+    index or None); None without a ``[memory]`` header."""
+    header = next((i for i, x in enumerate(lines) if _HEADER.match(x)), None)
+    if header is None:
+        return None
+    end = next((i for i in range(header + 1, len(lines)) if _ANY_HEADER.match(lines[i])), len(lines))
+    return header, next((i for i in range(header + 1, end) if _KEY.match(lines[i])), None)
+
+
 def _edit(text: str, line: str) -> str:
     """*text* with the ``total_budget`` line of its ``[memory]`` table replaced by *line* (added
     under the header where the table has none); ``ValueError`` without a ``[memory]`` header."""
     lines = _lines(text)
-    header = next((i for i, x in enumerate(lines) if _HEADER.match(x)), None)
-    if header is None:
+    where = _memory_lines(lines)
+    if where is None:
         raise ValueError("no [memory] table header (CuZK's budget is [memory] total_budget)")
-    end = next((i for i in range(header + 1, len(lines)) if _ANY_HEADER.match(lines[i])), len(lines))
+    header, found = where
     newline = "\r\n" if lines[header].endswith("\r\n") else "\n"
-    found = next((i for i in range(header + 1, end) if _KEY.match(lines[i])), None)
     if found is None:
         lines.insert(header + 1, line + newline)
     else:
@@ -159,16 +166,11 @@ def set_total_budget(text: str, budget: int, loads: Loads | None = None) -> tupl
 def _line_value(text: str) -> str | None:
     """Without a TOML parser: the text of a one-line ``total_budget = "..."`` in ``[memory]``, if any."""
     lines = _lines(text)
-    header = next((i for i, x in enumerate(lines) if _HEADER.match(x)), None)
-    if header is None:
+    where = _memory_lines(lines)
+    if where is None or where[1] is None:
         return None
-    for x in lines[header + 1 :]:
-        if _ANY_HEADER.match(x):
-            return None
-        m = re.match(r"""^[ \t]*["']?total_budget["']?[ \t]*=[ \t]*(["'])([^"']*)\1""", x)
-        if m:
-            return m.group(2)
-    return None
+    m = re.match(r"""^[^=]*=[ \t]*(["'])([^"']*)\1""", lines[where[1]])
+    return m.group(2) if m else None
 
 
 def _same_but_budget(before: str, after: str, value: str, loads: Loads) -> None:

@@ -247,7 +247,7 @@ class Supervisor:
         """Start the worker, wait for it, classify its end: (returncode, event fields, uptime)."""
         budget, concurrency = ctx["budget_bytes"], ctx["concurrency"]
         values = worker_values(budget, concurrency, self.shape, self._planned)
-        self._write_configs(values)
+        self._write_configs(values, ctx)
         env, args = worker_env_and_args(self.cfg.command, budget, concurrency, self.shape, values)
         isolation, iso_limit = self._isolation(report, budget)
         watch = self._watch(report, isolation)
@@ -298,14 +298,14 @@ class Supervisor:
         self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, peak_source=source, message=story, **common)
         return rc, common, uptime
 
-    def _write_configs(self, values: dict[str, str]) -> None:
+    def _write_configs(self, values: dict[str, str], ctx: dict[str, Any]) -> None:
         """``--render`` and ``--cuzk``: each config file written afresh before this start (templates.py);
         a failed write stops the run (``UsageError``, exit 2) after a give-up event."""
         for r in self.cfg.rendered:
             try:
                 text = r.write(values)
             except UsageError as exc:
-                self.log.emit("give-up", message=str(exc), budget_bytes=int(values["budget_bytes"]))
+                self.log.emit("give-up", message=str(exc), **ctx)
                 raise
             self.log.stderr.write(f"oomguard run: {r.flag}: {r.describe(text)} -> {r.output} (from {r.template})\n")
 
