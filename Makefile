@@ -62,7 +62,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# The whole suite, in two pytest processes at once: the cgroup v2 VM's (tests/vm: qemu, whose TCG
+# The whole suite, in two pytest processes at once: the cgroup v2 VM's (tests/integration/vm: qemu, whose TCG
 # vCPU keeps one CPU busy for minutes, its log in test-artifacts/vm.log, printed after) and the
 # host's, over TEST_WORKERS pytest-xdist workers (a module stays on one). With COV=1 the host's run
 # under coverage of src/oomguard (pytest-cov combines the workers' data; settings: [tool.coverage]
@@ -91,19 +91,19 @@ TIMING_MARK = $(if $(strip $(TEST_MARK)),($(TEST_MARK)) and timing,timing)
 COV_APPEND_ARGS = $(if $(filter 1,$(COV)),--cov --cov-append --cov-report=term,)
 pytest: $(STAMP)
 	@mkdir -p test-artifacts
-	setsid $(BIN)/python -m pytest -q tests/vm > test-artifacts/vm.log 2>&1 & vm=$$!; \
+	setsid $(BIN)/python -m pytest -q tests/integration/vm > test-artifacts/vm.log 2>&1 & vm=$$!; \
 	if ! { $(BEFORE_HOST); }; then kill -TERM -- -$$vm 2>/dev/null; wait $$vm; \
 		echo "== lint or the type check failed: the VM's suite was stopped"; exit 1; fi; \
-	nice -n $(HOST_NICE) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/vm $(COV_ARGS) \
+	nice -n $(HOST_NICE) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --ignore=tests/integration/vm $(COV_ARGS) \
 		-m "$(HOST_MARK)" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; \
 	echo "== the timing lane: -n 0 -m \"$(TIMING_MARK)\""; \
-	nice -n $(HOST_NICE) $(BIN)/python -m pytest -n 0 --ignore=tests/vm $(COV_APPEND_ARGS) \
+	nice -n $(HOST_NICE) $(BIN)/python -m pytest -n 0 --ignore=tests/integration/vm $(COV_APPEND_ARGS) \
 		-m "$(TIMING_MARK)" $(PYTEST_ARGS); trc=$$?; if [ $$trc -eq 5 ]; then trc=0; fi; \
-	wait $$vm; vrc=$$?; echo "== tests/vm (test-artifacts/vm.log), exit $$vrc"; cat test-artifacts/vm.log; \
+	wait $$vm; vrc=$$?; echo "== tests/integration/vm (test-artifacts/vm.log), exit $$vrc"; cat test-artifacts/vm.log; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; if [ $$trc -ne 0 ]; then exit $$trc; fi; exit $$vrc
 
 # One process, under coverage, listing the lines not run; no lint or type checks. PYTEST_ARGS
-# passes options to pytest: make cov PYTEST_ARGS='-x tests/test_plan.py'.
+# passes options to pytest: make cov PYTEST_ARGS='-x tests/policy/test_plan.py'.
 cov: $(STAMP)
 	@mkdir -p test-artifacts
 	$(BIN)/python -m coverage erase
@@ -126,7 +126,7 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/reserve.py
 
 # The worker side as one file, standard library only (no manager/): python3 dist/oomguard.pyz check.
-# DIST=DIR builds DIR/oomguard.pyz instead (tests/test_pyz.py does). Bytecode of $(PY)'s version
+# DIST=DIR builds DIR/oomguard.pyz instead (tests/integration/test_pyz.py does). Bytecode of $(PY)'s version
 # rides along (zipimport cannot cache it; other versions compile the sources, a little slower).
 pyz: DIST ?= dist
 pyz:
@@ -162,7 +162,7 @@ test-py310:
 	$(MAKE) --no-print-directory $(VENV310)/.installed && \
 	echo "== test-py310: $$($(VENV310)/bin/python -V), the worker side" && \
 	OOMGUARD_TEST_LANE=worker $(VENV310)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
-		--ignore=tests/vm -m "not runtimes and not postgres and not browser and not slow and not timing" $(PYTEST_ARGS)
+		--ignore=tests/integration/vm -m "not runtimes and not postgres and not browser and not slow and not timing" $(PYTEST_ARGS)
 
 # The manager on the newest releases of its libraries (FastAPI, SQLAlchemy, psycopg, ...: no
 # constraints.txt), in a venv of its own: the test modules of the manager side (OOMGUARD_TEST_LANE=
@@ -177,7 +177,7 @@ test-newest:
 	$(VENV_NEWEST)/bin/pip install --quiet -e '.[dev,manager]'
 	@echo "== test-newest: $$($(VENV_NEWEST)/bin/pip list --format=freeze | grep -iE '^(fastapi|starlette|sqlalchemy|alembic|psycopg|uvicorn|pydantic|jinja2|prometheus.client)==' | tr '\n' ' ')"
 	OOMGUARD_TEST_LANE=manager $(VENV_NEWEST)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
-		--ignore=tests/vm -m "not runtimes and not browser and not slow and not timing" $(PYTEST_ARGS)
+		--ignore=tests/integration/vm -m "not runtimes and not browser and not slow and not timing" $(PYTEST_ARGS)
 
 # Coverage of src/oomguard by the quick loop's tests (make test-fast's selection, in full), with its
 # floor: the figure measured when the floor was set, 85.4 % on 2026-12-04 (CONTRIBUTING.md), less a

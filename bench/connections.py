@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.manager_helpers import ManagerProcess  # noqa: E402
+from tests.helpers.manager import ManagerProcess  # noqa: E402
 
 ATTACKER, OTHER = "127.0.0.4", "127.0.0.2"
 

@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO))
 
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import BigInteger, insert, literal, text, update  # noqa: E402
-from tests.manager_helpers import fixture_report, write_history, write_latest  # noqa: E402
-from tests.pg import PostgresServer  # noqa: E402
+from tests.helpers.manager import fixture_report, write_history, write_latest  # noqa: E402
+from tests.helpers.pg import PostgresServer  # noqa: E402
 
 from ingest import rates  # noqa: E402  (bench/ingest.py: this script's folder is sys.path[0])
 from oomguard.manager.app import create_app  # noqa: E402
@@ -121,7 +121,7 @@ def populate(url: str, n_nodes: int) -> float:
     return time.perf_counter() - t0
 
 
-# write_history's rows (tests/manager_helpers.py: the 342 GiB container's numbers, node k's
+# write_history's rows (tests/helpers/manager.py: the 342 GiB container's numbers, node k's
 # report k), each node's at the same *times*, made by PostgreSQL: a cross join of the node ids
 # with the times (unnest ... WITH ORDINALITY numbers them from 1), BATCH_PG nodes a transaction.
 HISTORY_PG = text(

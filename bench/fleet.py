@@ -88,7 +88,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.manager_helpers import AGENT_H, VIEWER, VIEWER_H, Clock, local_client, make_store  # noqa: E402
+from tests.helpers.manager import AGENT_H, VIEWER, VIEWER_H, Clock, local_client, make_store  # noqa: E402
 
 from oomguard.manager import learning  # noqa: E402
 from oomguard.manager.app import create_app  # noqa: E402
@@ -395,7 +395,7 @@ class Direct:
     kept here, as the API asks it, with no HTTP and no database. The same answers as ``Ours`` while
     a profile has fewer than ``learning.MAX_SAMPLES`` samples in the window (the store reads the
     newest of each scope; this fleet's day is 1,440 a profile), in seconds, not minutes: for
-    trying a change of the rule (``tests/test_bench_fleet.py`` checks that both print the same)."""
+    trying a change of the rule (``tests/integration/test_bench_fleet.py`` checks that both print the same)."""
 
     def __init__(self, *, budget: bool = True) -> None:
         self.budget = budget

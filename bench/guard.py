@@ -1,7 +1,7 @@
 """Pressure guard: jobs that use more than they declared, in a real limited cgroup, admitted several ways.
 
 Creates a child of this process's memory cgroup (v1 or v2) limited to --limit (default
-768 MiB), as tests/realcgroup.py does, and removes it at the end. A seeded job mix: each job
+768 MiB), as tests/helpers/realcgroup.py does, and removes it at the end. A seeded job mix: each job
 declares a size (32-128 MiB) but really uses 10-25% more; it is a child process that fills
 its real peak gradually over its ramp (0.2-0.5 s), holds it 1.0 s and exits. A coordinator
 inside the group (oom_score_adj -1000; the jobs +1000, so the OOM killer picks a job) asks
@@ -408,7 +408,7 @@ def summary(runs: list[tuple[int, list[dict[str, Any]], dict[str, Any]]]) -> Non
 def main() -> int:
     if "--inner" in sys.argv:
         return coordinator(sys.argv[sys.argv.index("--inner") + 1 :])
-    from tests.realcgroup import Group, writable_parent
+    from tests.helpers.realcgroup import Group, writable_parent
 
     from oomguard.units import parse_size
 

@@ -2,7 +2,7 @@
 line to the worker's SIGTERM, over many trials, in a real limited cgroup.
 
 Creates a child of this process's memory cgroup (v1 or v2) limited to --limit (default 384 MiB),
-as tests/realcgroup.py does, and removes it at the end. Each trial starts a fresh
+as tests/helpers/realcgroup.py does, and removes it at the end. Each trial starts a fresh
 ``oomguard run --guard --guard-margin MARGIN --restart never --stop-timeout 2s`` inside it, whose
 worker (this script, ``--worker``):
 
@@ -63,8 +63,8 @@ APPROACH = 0.6  # of the stop line, filled fast before the measured ramp
 
 
 def own_group() -> tuple[str, int]:
-    """This process's memory cgroup directory and the hierarchy's version (``tests.realcgroup``)."""
-    from tests.realcgroup import own_memory_cgroup
+    """This process's memory cgroup directory and the hierarchy's version (``tests.helpers.realcgroup``)."""
+    from tests.helpers.realcgroup import own_memory_cgroup
 
     version, where = own_memory_cgroup()
     if version is None:
@@ -265,7 +265,7 @@ def main() -> int:
         return worker(opts)
     if opts.fill:
         return filler(opts)
-    from tests.realcgroup import Group, writable_parent
+    from tests.helpers.realcgroup import Group, writable_parent
 
     version, parent = writable_parent()
     if version is None:

@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.manager_helpers import AGENT_H, ManagerProcess, fixture_report  # noqa: E402
-from tests.pg import PostgresServer  # noqa: E402
+from tests.helpers.manager import AGENT_H, ManagerProcess, fixture_report  # noqa: E402
+from tests.helpers.pg import PostgresServer  # noqa: E402
 
 
 def options() -> argparse.Namespace:

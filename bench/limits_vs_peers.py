@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.realcgroup import Group, writable_parent  # noqa: E402
+from tests.helpers.realcgroup import Group, writable_parent  # noqa: E402
 
 from oomguard.units import format_size, parse_size  # noqa: E402
 

@@ -17,9 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.helpers.manager import ManagerProcess  # noqa: E402
 from tests.helpers.miniature import BASELINE, BUDGET, DECLARED, NODES, run_miniature  # noqa: E402
-from tests.manager_helpers import ManagerProcess  # noqa: E402
-from tests.realcgroup import Group, writable_parent  # noqa: E402
+from tests.helpers.realcgroup import Group, writable_parent  # noqa: E402
 
 
 def main() -> int:

@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sqlalchemy import insert, text  # noqa: E402
-from tests.manager_helpers import fixture_report, free_port, write_history, write_latest  # noqa: E402
-from tests.pg import PostgresServer  # noqa: E402
+from tests.helpers.manager import fixture_report, free_port, write_history, write_latest  # noqa: E402
+from tests.helpers.pg import PostgresServer  # noqa: E402
 
 from oomguard.manager.db import make_engine, migrate, nodes  # noqa: E402
 from oomguard.manager.db import retention_state as state  # noqa: E402

@@ -2,11 +2,11 @@
 # Debian packages the test suite needs; installs only what is missing (idempotent, quiet):
 # - PostgreSQL (the manager's fleet database) and Chromium (dashboard tests);
 # - qemu-system-x86, linux-image-amd64, busybox-static and cpio: the real cgroup v2 kernel the
-#   VM suite boots (tests/vm/; cpio reads its initramfs back in a test). The -cloud- kernel has
+#   VM suite boots (tests/integration/vm/; cpio reads its initramfs back in a test). The -cloud- kernel has
 #   no 9p, so the generic one is needed.
-# - zsh: the zsh completion script is tested in a real zsh (tests/test_completion.py).
+# - zsh: the zsh completion script is tested in a real zsh (tests/commands/test_completion.py).
 # - runc, crun and podman: real containers with memory limits set by the runtime, here and in the
-#   VM (tests/test_runtimes.py, tests/vm/guest/check_runtimes.py). Root podman with --rootfs, vfs
+#   VM (tests/integration/test_runtimes.py, tests/integration/vm/guest/check_runtimes.py). Root podman with --rootfs, vfs
 #   storage and no network needs nothing of its Recommends (conmon is a Depends).
 # Needs root for apt-get; without it, says what is missing and leaves the tests to skip.
 set -euo pipefail
@@ -24,10 +24,10 @@ command -v zsh >/dev/null 2>&1 || need+=(zsh)
 for rt in runc crun podman; do
   command -v $rt >/dev/null 2>&1 || [ -x /usr/sbin/$rt ] || need+=($rt)
 done
-# nginx and Caddy: the reverse-proxy examples in deploy/proxy/ are run and validated (tests/test_manager_hardening.py).
+# nginx and Caddy: the reverse-proxy examples in deploy/proxy/ are run and validated (tests/integration/test_manager_hardening.py).
 command -v nginx >/dev/null 2>&1 || need+=(nginx-light)
 command -v caddy >/dev/null 2>&1 || need+=(caddy)
-# Prometheus: it scrapes a real manager and answers every query of deploy/grafana/ (tests/test_grafana.py).
+# Prometheus: it scrapes a real manager and answers every query of deploy/grafana/ (tests/integration/test_grafana.py).
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then

@@ -25,15 +25,15 @@ pytest_plugins = ["tests.helpers.dashboard", "tests.helpers.fleet"]  # shared fi
 # them; CONTRIBUTING.md lists them; `make test-fast` deselects all four). Given here, by what a
 # test uses, so a new test is marked by the fixture it asks for, not by remembering a decorator.
 BROWSER_FIXTURES = frozenset({"browser"})  # headless Chromium (tests/helpers/dashboard.py)
-POSTGRES_FIXTURES = frozenset({"pg", "own_pg", "frozen_pg"})  # a real PostgreSQL server (tests/pg.py)
+POSTGRES_FIXTURES = frozenset({"pg", "own_pg", "frozen_pg"})  # a real PostgreSQL server (tests/helpers/pg.py)
 
 
 def _markers(item: pytest.Item) -> list[str]:
     rel = Path(str(item.fspath)).resolve().relative_to(REPO).as_posix()
     found = []
-    if rel.startswith("tests/vm/"):
+    if rel.startswith("tests/integration/vm/"):
         found.append("vm")
-    if rel == "tests/test_runtimes.py":
+    if rel == "tests/integration/test_runtimes.py":
         found.append("runtimes")
     names = set(getattr(item, "fixturenames", ()))
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -77,7 +77,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if LANE in ("worker", "manager"):  # counted here: under xdist the workers collect, not this process
         other = "manager" if WORKER_LANE else "worker"
         tests = Path(__file__).parent
-        left = [p for p in tests.rglob("test_*.py") if p.relative_to(tests).parts[0] != "vm" and _other_side(p)]
+        left = [p for p in tests.rglob("test_*.py") if "vm" not in p.relative_to(tests).parts and _other_side(p)]
         terminalreporter.write_line(f"{LANE} lane: {len(left)} test modules of the {other} side left out")
     if not FAST:  # the full suite's property tests run ten times the examples: their times say nothing here
         return
@@ -108,9 +108,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True, scope="module")
 def _release_databases() -> Any:
     """At each test module's end, the connections its tests left open to the shared PostgreSQL
-    (``manager_helpers.release_databases``); nothing where no test used it."""
+    (``tests.helpers.manager.release_databases``); nothing where no test used it."""
     yield
-    helpers = sys.modules.get("tests.manager_helpers")
+    helpers = sys.modules.get("tests.helpers.manager")
     if helpers is not None:
         helpers.release_databases()
 
@@ -124,8 +124,8 @@ LANE = os.environ.get("OOMGUARD_TEST_LANE")
 WORKER_LANE = LANE == "worker"
 MANAGER_SIDE = re.compile(
     r"^\s*(?:from|import) (?:oomguard\.manager|fastapi|starlette|sqlalchemy|alembic|httpx|schemathesis|"
-    r"prometheus_client|playwright|yaml|promql_parser|tests\.manager_helpers|tests\.pg|tests\.agent_fake|"
-    r"tests\.helpers\.(?:fleet|miniature|dashboard|hostile|wire))\b",
+    r"prometheus_client|playwright|yaml|promql_parser|"
+    r"tests\.helpers\.(?:manager|pg|agent_fake|fleet|miniature|dashboard|hostile|wire))\b",
     re.MULTILINE,
 )
 

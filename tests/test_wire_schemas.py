@@ -275,7 +275,7 @@ def test_a_real_run_s_events_fit_the_schema(tmp_path: Path) -> None:
 
 @pytest.fixture
 def fake_manager() -> Iterator[Any]:
-    from tests.agent_fake import running_manager
+    from tests.helpers.agent_fake import running_manager
 
     yield from running_manager()
 
@@ -284,7 +284,7 @@ def test_what_the_forwarder_and_the_gate_post_fits_the_schema(fake_manager: Any,
     """The events, observations and heartbeats ``run --manager`` posts, and the entrypoint's gate."""
     from oomguard.agent import EventForwarder
     from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope
-    from tests.agent_fake import TOKEN
+    from tests.helpers.agent_fake import TOKEN
 
     sink = EventForwarder(
         fake_manager.url,
@@ -472,7 +472,7 @@ def test_the_api_s_answer_fits_the_schema(tmp_path: Path) -> None:
     from oomguard.manager.app import create_app
     from oomguard.manager.db import migrate
     from oomguard.manager.settings import Settings
-    from tests.manager_helpers import AGENT, AGENT_H, VIEWER, VIEWER_H, Clock, local_client, make_store
+    from tests.helpers.manager import AGENT, AGENT_H, VIEWER, VIEWER_H, Clock, local_client, make_store
 
     url = f"sqlite:///{tmp_path / 'oomguard.db'}"
     migrate(url)

@@ -51,7 +51,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
 PLUGIN = "_oomguard_mutate_check"
-BOUNDARIES = "tests/test_mutation_boundaries.py"
+BOUNDARIES = "tests/policy/test_mutation_boundaries.py"
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ MUTATIONS = (
         "src/oomguard/probes/memcg.py",
         "(limit is None or hier_value < limit)",
         "(limit is None or hier_value > limit)",
-        (BOUNDARIES, "tests/test_fixtures.py"),
+        (BOUNDARIES, "tests/probes/test_fixtures.py"),
         "v1: hierarchical_memory_limit replaces the walked limit when it is smaller, not larger",
     ),
     Mutation(
@@ -102,7 +102,7 @@ MUTATIONS = (
         "src/oomguard/probes/memcg.py",
         "(limit is None or hier_value < limit)",
         "(limit is None or hier_value <= limit)",
-        (BOUNDARIES, "tests/test_fixtures.py"),
+        (BOUNDARIES, "tests/probes/test_fixtures.py"),
         "an equal hierarchical limit keeps the walk's own file as limit_file",
     ),
     Mutation(
@@ -110,7 +110,7 @@ MUTATIONS = (
         "src/oomguard/probes/memcg.py",
         "(best is None or n < best)",
         "(best is None or n > best)",
-        ("tests/test_fixtures.py",),
+        ("tests/probes/test_fixtures.py",),
         "the walk keeps the lowest limit of the levels, not the highest",
     ),
     Mutation(
@@ -118,7 +118,7 @@ MUTATIONS = (
         "src/oomguard/probes/memory.py",
         "(host is None or limit < host)",
         "(host is None or limit <= host)",
-        ("tests/test_fixtures.py", "tests/test_detection.py", "tests/test_boundaries.py"),
+        ("tests/probes/test_fixtures.py", "tests/probes/test_detection.py", "tests/policy/test_boundaries.py"),
         "a cgroup limit equal to MemTotal does not bind: MemTotal does (limit-above-host-memory)",
     ),
     Mutation(
@@ -126,7 +126,7 @@ MUTATIONS = (
         "src/oomguard/probes/memlock.py",
         "values[0] < MEMLOCK_LOW_BYTES",
         "values[0] <= MEMLOCK_LOW_BYTES",
-        ("tests/test_boundaries.py",),
+        ("tests/policy/test_boundaries.py",),
         "a memlock soft limit of exactly 64 MiB is not low",
     ),
     Mutation(
@@ -134,7 +134,7 @@ MUTATIONS = (
         "src/oomguard/policy/budget.py",
         "max(MARGIN_MIN, int(basis * MARGIN_RATIO))",
         "min(MARGIN_MIN, int(basis * MARGIN_RATIO))",
-        ("tests/test_fixtures.py",),
+        ("tests/probes/test_fixtures.py",),
         "the default margin is at least 256 MiB",
     ),
     Mutation(
@@ -142,7 +142,7 @@ MUTATIONS = (
         "src/oomguard/policy/budget.py",
         'value > mem["effective_bytes"]',
         'value >= mem["effective_bytes"]',
-        (BOUNDARIES, "tests/test_fixtures.py"),
+        (BOUNDARIES, "tests/probes/test_fixtures.py"),
         "an explicit budget equal to the limit is not above it",
     ),
     Mutation(
@@ -150,7 +150,7 @@ MUTATIONS = (
         "src/oomguard/policy/plan.py",
         "int(cpus / cpus_per_job + CPU_EPSILON)",
         "int(cpus / cpus_per_job)",
-        ("tests/test_boundaries.py",),
+        ("tests/policy/test_boundaries.py",),
         "0.7 CPUs fit 7 jobs of 0.1 (binary rounding: 6.999999999999999)",
     ),
 )

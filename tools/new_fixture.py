@@ -16,7 +16,7 @@ SNAPSHOT is the ``.tar.gz`` that ``oomguard capture FILE`` wrote (or a directory
 
 Fill the placeholders (what the layout is; where it comes from: an upstream issue, a man page, a
 kernel doc, or "captured on <machine>"), check the facts, and run
-``pytest tests/test_fixtures.py -k NAME``: the corpus test refuses a TODO left in place.
+``pytest tests/probes/test_fixtures.py -k NAME``: the corpus test refuses a TODO left in place.
 """
 
 from __future__ import annotations

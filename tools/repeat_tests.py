@@ -1,13 +1,13 @@
 """The flake finder: run the real-process tests N times under a CPU hog, print each test's failure rate.
 
     .venv/bin/python tools/repeat_tests.py                 # 5 runs, a spinner on every CPU
-    .venv/bin/python tools/repeat_tests.py -n 3 --hogs 0 -- tests/test_guard.py -k stop
+    .venv/bin/python tools/repeat_tests.py -n 3 --hogs 0 -- tests/integration/test_guard.py -k stop
     make test-repeat REPEAT=5                             # the same, from make
 
 A test that passes on a quiet machine and fails beside other load judges the machine's speed
 (CONTRIBUTING.md, "Tests wait for events"). So each run starts one busy-looping process per CPU
 (``--hogs``, default ``os.cpu_count()``), at the tests' own priority, and runs pytest over the
-tests that start real processes: the test modules (outside tests/vm) whose text starts a
+tests that start real processes: the test modules (outside tests/integration/vm) whose text starts a
 subprocess, makes a real cgroup or starts a real manager (``default_targets``), over
 ``--workers`` pytest-xdist workers as ``make test`` does. Each run's results are read back from
 pytest's JUnit XML (test-artifacts/repeat/run-K.xml), and the table printed at the end lists every
@@ -38,11 +38,11 @@ HOG = "while True: pass"
 
 
 def default_targets() -> list[str]:
-    """The test modules outside tests/vm whose text starts real processes (``REAL``), relative paths."""
+    """The test modules outside tests/integration/vm whose text starts real processes (``REAL``), relative paths."""
     found = []
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         rel = path.relative_to(REPO)
-        if rel.parts[1] == "vm":
+        if "vm" in rel.parts:
             continue
         if REAL.search(path.read_text(encoding="utf-8")):
             found.append(rel.as_posix())

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.agent_fake import FakeManager, drop_proxy_variables, running_manager, unused_port_url
+from tests.helpers.agent_fake import FakeManager, drop_proxy_variables, running_manager, unused_port_url
 
 
 @pytest.fixture(autouse=True)

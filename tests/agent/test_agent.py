@@ -14,7 +14,7 @@ import pytest
 from oomguard.agent import Sender, Spool
 from oomguard.agent.rejected import GIVE_UP_ANSWERS, GIVE_UP_MAX_S, GIVE_UP_MIN_S, give_up, read_retry
 from oomguard.errors import UsageError
-from tests.agent_fake import (
+from tests.helpers.agent_fake import (
     TOKEN,
     FakeManager,
     Logs,

@@ -29,13 +29,13 @@ from oomguard.errors import (
     EXIT_WRONG_URL,
     UsageError,
 )
-from tests.agent_fake import (
+from tests.conftest import REPO, run_oomguard
+from tests.helpers.agent_fake import (
     TOKEN,
     FakeManager,
     Logs,
     agent_args,
 )
-from tests.conftest import REPO, run_oomguard
 
 # --- --once: the exit code is the report's fate -------------------------------------------------
 
@@ -449,7 +449,7 @@ def test_once_against_the_real_manager_tells_each_fate_apart(tmp_path: Path) -> 
     import json
     import urllib.request
 
-    from tests.manager_helpers import AGENT, VIEWER_H, ManagerProcess
+    from tests.helpers.manager import AGENT, VIEWER_H, ManagerProcess
 
     server = ManagerProcess(f"sqlite:///{tmp_path / 'fleet.db'}").start()
     try:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from oomguard.agent.consumers import MAX_BYTES, check_status_url, parse_cuzk_status, poll_cuzk
 from oomguard.errors import BadParameter
 from oomguard.units import MAX_SIZE
-from tests.agent_fake import TOKEN, FakeManager
 from tests.conftest import run_oomguard
+from tests.helpers.agent_fake import TOKEN, FakeManager
 from tests.helpers.cuzk import STATUS_JSON, fake_cuzk, status_fixture
 from tests.helpers.fuzz import examples
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from oomguard.agent import Sender, Spool, run_agent
 from oomguard.agent.gate import MESSAGE_MAX, STEPS, gate_event, gate_message
 from oomguard.errors import EXIT_OK, EXIT_REJECTED, EXIT_SPOOLED, EXIT_USAGE, BadParameter
-from tests.agent_fake import TOKEN, FakeManager, Logs, agent_args
 from tests.conftest import run_oomguard
+from tests.helpers.agent_fake import TOKEN, FakeManager, Logs, agent_args
 
 CHECK_ERR = "oomguard: error: --require: budget 0 B is below the required 1 B"
 

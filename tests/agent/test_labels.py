@@ -24,8 +24,8 @@ from oomguard.agent.labels import (
 )
 from oomguard.errors import EXIT_USAGE, UsageError
 from oomguard.labels import LABELS_MAX, VALUE_MAX, label_problem
-from tests.agent_fake import TOKEN, FakeManager, Logs, agent_args
 from tests.conftest import REPO, run_oomguard
+from tests.helpers.agent_fake import TOKEN, FakeManager, Logs, agent_args
 from tests.helpers.fuzz import examples
 from tests.helpers.wait import wait_until
 

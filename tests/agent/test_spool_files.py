@@ -21,8 +21,8 @@ import pytest
 from oomguard.agent import Sender, Spool
 from oomguard.agent.rejected import read_retry
 from oomguard.agent.spool import MAX_ITEM_BYTES, read_item
-from tests.agent_fake import TOKEN, FakeManager, Logs, put_reports, why_of
 from tests.conftest import run_oomguard
+from tests.helpers.agent_fake import TOKEN, FakeManager, Logs, put_reports, why_of
 
 GOOD: dict[str, Any] = {"node": "n1", "id": "good", "report": {"memory": {}}, "interval_s": None}
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.conftest import REPO
-from tests.manager_helpers import AGENT_H, VIEWER, ManagerProcess
+from tests.helpers.manager import AGENT_H, VIEWER, ManagerProcess
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Dialog, Page

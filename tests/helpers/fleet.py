@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.dashboard import api
-from tests.manager_helpers import ManagerProcess, fixture_report, write_latest
+from tests.helpers.manager import ManagerProcess, fixture_report, write_latest
 
 GiB = 1 << 30
 WIDE = {"viewport": {"width": 1280, "height": 900}}

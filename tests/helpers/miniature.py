@@ -16,7 +16,7 @@ The worker is one Python process: it tops itself up to the baseline, then writes
 size in turn, and holds them all 0.5 s: the jobs' memory at once, allocated by one thread. (With a
 thread a job, the OOM-killed worker's threads faulting at once delayed the kernel's reaping of it,
 and the kernel once killed the supervisor too, 6 ms later: one run in five here.)
-``tests/test_miniature.py`` checks the outcome; ``bench/miniature.py`` prints it.
+``tests/integration/test_miniature.py`` checks the outcome; ``bench/miniature.py`` prints it.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO
+from tests.helpers.manager import AGENT, VIEWER_H
+from tests.helpers.realcgroup import Group
 from tests.helpers.wait import wait_until
-from tests.manager_helpers import AGENT, VIEWER_H
-from tests.realcgroup import Group
 
 MiB = 1 << 20
 DECLARED, BASELINE = 40 * MiB, 40 * MiB

@@ -5,7 +5,7 @@ counter, a process state, a thread having sampled, a server answering): on this 
 machine a fixed sleep is either too short under load or wasted when idle. It polls the event
 instead, with a deadline that only bounds a hang.
 
-Standard library only: the VM's guest checks (``tests/vm/guest/``) import it too, and the guest
+Standard library only: the VM's guest checks (``tests/integration/vm/guest/``) import it too, and the guest
 has the checkout and the host's interpreter but runs pytest with no plugins.
 """
 

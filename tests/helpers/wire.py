@@ -1,7 +1,7 @@
 """The manager on a real loopback socket under its real uvicorn set-up (``build_server``), in a
 thread, and the raw-socket moves the wire tests make: connect from a chosen loopback address,
-a one-shot GET, and dripping bytes until the server closes (tests/test_manager_hardening.py,
-tests/test_manager_connections.py)."""
+a one-shot GET, and dripping bytes until the server closes (tests/integration/test_manager_hardening.py,
+tests/integration/test_manager_connections.py)."""
 
 from __future__ import annotations
 

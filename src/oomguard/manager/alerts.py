@@ -49,7 +49,7 @@ overview's counts per kind), ``any_alert`` (the nodes with one), ``alert_count``
 Where SQL and Python both decide, they decide alike: the host's ballpark is compared in IEEE
 double precision on both sides (an integer column cast to FLOAT, as Python's ``float(int)``), and
 the memlock code is matched case-sensitively (SQLite's LIKE ignores ASCII case:
-https://sqlite.org/lang_expr.html#like; ``replace()`` does not). tests/test_alert_groups.py
+https://sqlite.org/lang_expr.html#like; ``replace()`` does not). tests/manager/test_alert_groups.py
 compares the two at those boundaries on SQLite and PostgreSQL.
 """
 

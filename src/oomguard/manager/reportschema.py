@@ -8,7 +8,7 @@ through ``contract``, which adds the manager's own needs, written as JSON Schema
   mixed fleet: a field the schema does not know is kept (a newer agent) and a missing one is
   allowed (an older agent); every field that is there must have the schema's type and bounds.
   ``relaxed=False`` is the schema as written (``required``, no unknown fields): the tests compare
-  both modes with the ``jsonschema`` package (tests/test_manager_contract.py).
+  both modes with the ``jsonschema`` package (tests/manager/test_manager_contract.py).
 - ``conform(report)``: the report with every part that breaks the schema left out, for the
   templates: they never meet a type the schema did not check, even in rows stored before.
 

@@ -8,7 +8,7 @@ computes what the node computed.
 
 The environment is an allow-list: a snapshot is meant for bug reports, and a process's
 environment holds tokens (``OOMGUARD_AGENT_TOKEN``, ``VAST_API_KEY``, cloud keys). ``ENV_KEEP``
-is every variable the probe and the budget read (tests/test_snapshot.py checks this against a
+is every variable the probe and the budget read (tests/sources/test_snapshot.py checks this against a
 probe run), with its value; ``ENV_NAME_ONLY_PREFIXES`` are variables whose presence alone the
 probe reads (any ``VAST_*`` variable means vast.ai, probes/container.py): their names are kept
 with empty values.

@@ -14,7 +14,7 @@ event, built here from that event and the run's shape:
   matters most. Without ``--isolate`` the OOM reaper often empties a killed worker before it
   exits, so its peak is unknown (``peak.py``); the kernel killed it at the limit, though, so its
   peak is taken as the limit (``effective_bytes``) less what the group's other processes held
-  (``outside_bytes``): what the worker had reached when it was killed. ``tests/test_miniature.py``
+  (``outside_bytes``): what the worker had reached when it was killed. ``tests/integration/test_miniature.py``
   lost its only kill without this, under load.
 
 Its bias, and which way: the baseline is taken as declared, so a worker whose real baseline is
