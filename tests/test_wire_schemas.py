@@ -124,7 +124,8 @@ def test_the_literal_types_are_the_schemas_enums() -> None:
     assert values(_types.Outcome) == enum(obs["outcome"]) == set(_types.OUTCOMES)
     assert set(_types.FAILURES) == values(_types.Outcome) - {"ok"}
     assert values(_types.RecommendationSource) == enum(rec["source"]) == set(SOURCES)
-    assert enum(rec["peak_p95_source"]) == values(_types.RecommendationSource) - {"declared"}  # a forecast's scope
+    # A forecast's scope: one of samples, never a floor nor the declared size.
+    assert enum(rec["peak_p95_source"]) == values(_types.RecommendationSource) - {"declared", "floor"}
 
 
 def test_the_run_side_names_the_same_values() -> None:
@@ -449,6 +450,7 @@ def recommendations() -> list[dict[str, Any]]:
         recommend(NOW, "n9", "c9", others, iso_ms),  # the fleet's
         recommend(NOW, "n1", "c1", many, iso_ms, budget=200 * GiB),  # for a budget
         recommend(NOW, "n1", "c1", many, iso_ms, budget=50 * GiB),  # held at the room
+        recommend(NOW, "n9", "c1", [sample(0, outcome="oom-kill")], iso_ms),  # one kill: the floor
     ]
     return [a.as_json(iso_ms) for a in answers]
 

@@ -249,7 +249,7 @@ PeakSource = Literal["vmhwm", "memory.peak", "memory.max_usage_in_bytes"]
 GraceSource = Literal["given", "learned"]
 GateStep = Literal["check", "plan", "verify"]
 Outcome = Literal["ok", "oom-kill", "pressure-stop"]  # an observation's: how the run ended
-RecommendationSource = Literal["node", "class", "fleet", "declared"]  # the scope a recommendation came from
+RecommendationSource = Literal["node", "class", "fleet", "floor", "declared"]  # the scope a recommendation came from
 LearnedOrigin = Literal["manager", "cache", "none"]  # where ``--learned`` got its answer
 
 EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)

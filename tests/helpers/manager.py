@@ -158,6 +158,22 @@ def migrated_db(kind: str, tmp_path: Path, prefix: str) -> str:
     return url
 
 
+def observation_body(**kw: Any) -> dict[str, Any]:
+    """An observation (``POST /api/v1/observations``'s ``observation``) of profile cuzk-porep that
+    fits the fixture report's 342 GiB container: 4 jobs of 14 GiB declared, 10 GiB seen; *kw* over it."""
+    return {
+        "profile": "cuzk-porep",
+        "declared_per_job_bytes": 14 * GiB,
+        "peak_per_job_bytes": 10 * GiB,
+        "declared_baseline_bytes": 40 * GiB,
+        "peak_baseline_bytes": 30 * GiB,
+        "concurrency": 4,
+        "outcome": "ok",
+        "time": "2027-01-15T08:00:00Z",
+        **kw,
+    }
+
+
 def _stop_pg() -> None:
     """SIGINT first: PostgreSQL's fast shutdown, which does not wait for the pools' idle connections."""
     if _PG.proc is not None and _PG.proc.poll() is None:

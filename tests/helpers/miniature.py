@@ -87,53 +87,64 @@ def observations(url: str) -> int:
     return sum(p["samples"] for p in listed if p["profile"] == "mini")
 
 
+def enrol(url: str, group: Group, name: str, cls: str, work: Path) -> None:
+    """*group* limited to ``LIMIT`` (swap too), and node *name*'s agent's one report from inside it."""
+    group.set_limit(LIMIT)
+    if (group.dir / "memory.memsw.limit_in_bytes").exists():
+        group.write("memory.memsw.limit_in_bytes", str(LIMIT))  # no escape into swap
+    common = ["--manager", url, "--token", AGENT, "--node", name, "--node-class", cls]
+    agent = [sys.executable, "-m", "oomguard", "agent", *common, "--spool", str(work / name), "--once"]
+    sent = subprocess.run(
+        _in_group(group, [*agent, "--budget", str(BUDGET)]), env=_env(work), capture_output=True, text=True, timeout=60
+    )
+    assert sent.returncode == 0, sent.stderr
+
+
+def run_once(
+    url: str, group: Group, name: str, cls: str, work: Path, *, per_job: int, tag: str, may_lower: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One ``run --restart never --profile mini --learned`` of node *name* (class *cls*) inside
+    *group*, its jobs really *per_job* bytes each: (its start event, its exit event)."""
+    events = work / f"{name}-{tag}.jsonl"
+    argv = [
+        *(sys.executable, "-m", "oomguard", "run", "--budget", str(BUDGET), "--restart", "never"),
+        *("--profiles", str(_profiles(work)), "--profile", "mini", "--learned"),
+        *(("--learned-may-lower",) if may_lower else ()),
+        *("--manager", url, "--token", AGENT, "--node", name, "--node-class", cls),
+        *("--spool", str(work / name), "--events", str(events)),
+        *("--", sys.executable, "-c", WORKER, str(per_job), str(BASELINE)),
+    ]
+    started = subprocess.Popen(_in_group(group, argv), env=_env(work), stderr=subprocess.PIPE)
+    _, err = started.communicate(timeout=120)
+    seen = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
+    start = next((e for e in seen if e["event"] == "start"), None)
+    end = next((e for e in seen if e["event"] == "exit"), None)
+    said = (name, tag, started.returncode, group.oom_kills(), err.decode(errors="replace")[-2000:])
+    assert start is not None and end is not None, said
+    return start, end
+
+
 def run_miniature(url: str, groups: dict[str, Group], work: Path) -> Outcome:
     """The rounds against the manager at *url*, one group per node (limited here)."""
-    profiles, out = _profiles(work), Outcome()
+    out = Outcome()
     for name, group in groups.items():
-        group.set_limit(LIMIT)
-        if (group.dir / "memory.memsw.limit_in_bytes").exists():
-            group.write("memory.memsw.limit_in_bytes", str(LIMIT))  # no escape into swap
-        cls = NODES[name][0]
-        common = ["--manager", url, "--token", AGENT, "--node", name, "--node-class", cls]
-        agent = [sys.executable, "-m", "oomguard", "agent", *common, "--spool", str(work / name), "--once"]
-        sent = subprocess.run(
-            _in_group(group, [*agent, "--budget", str(BUDGET)]),
-            env=_env(work),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert sent.returncode == 0, sent.stderr
+        enrol(url, group, name, NODES[name][0], work)
         out.concurrency[name], out.reasons[name], out.learned[name] = [], [], []
     runs = 0
     for round_no in range(ROUNDS):
         for name, group in groups.items():
-            events = work / f"{name}-{round_no}.jsonl"
             cls, per_job = NODES[name]
-            argv = [
-                *(sys.executable, "-m", "oomguard", "run", "--budget", str(BUDGET), "--restart", "never"),
-                *("--profiles", str(profiles), "--profile", "mini", "--learned", "--learned-may-lower"),
-                *("--manager", url, "--token", AGENT, "--node", name, "--node-class", cls),
-                *("--spool", str(work / name), "--events", str(events)),
-                *("--", sys.executable, "-c", WORKER, str(per_job), str(BASELINE)),
-            ]
-            started = subprocess.Popen(_in_group(group, argv), env=_env(work), stderr=subprocess.PIPE)
-            _, err = started.communicate(timeout=120)
-            seen = [json.loads(line) for line in events.read_text().splitlines()] if events.exists() else []
-            start = next((e for e in seen if e["event"] == "start"), None)
-            end = next((e for e in seen if e["event"] == "exit"), None)
-            said = (name, round_no, started.returncode, group.oom_kills(), err.decode(errors="replace")[-2000:])
-            assert start is not None and end is not None, said
+            start, end = run_once(url, group, name, cls, work, per_job=per_job, tag=str(round_no))
             out.concurrency[name].append(start["concurrency"])
             out.reasons[name].append(end["reason"])
             out.learned[name].append(start["learned"])
             runs += 1
-
-            def arrived(n: int = runs) -> bool:  # this run's, through its spool
-                return observations(url) >= n
-
-            wait_until(arrived, interval=0.05, what=f"{name} round {round_no}'s observation")
-            assert observations(url) == runs, (name, round_no, observations(url), runs)
+            wait_for_observations(url, runs, f"{name} round {round_no}'s observation")
     out.kernel_oom_kills = {name: group.oom_kills() for name, group in groups.items()}
     return out
+
+
+def wait_for_observations(url: str, runs: int, what: str) -> None:
+    """Until the manager holds *runs* observations of the profile (each run's, through its spool)."""
+    wait_until(lambda: observations(url) >= runs, interval=0.05, what=what)
+    assert observations(url) == runs, (what, observations(url), runs)

@@ -135,3 +135,21 @@ def limited_group(limit: int | None = None, *, no_swap: bool = False) -> Iterato
         yield g
     finally:
         g.close()
+
+
+@contextmanager
+def named_groups(names: list[str] | tuple[str, ...], prefix: str) -> Iterator[dict[str, Group]]:
+    """One fresh child group under ``writable_parent()`` per name (``PREFIX-NAME-TAG``: a node
+    each), unlimited, removed afterwards; pytest.skip, with the reason, where there is none."""
+    version, parent = writable_parent()
+    if version is None:
+        import pytest
+
+        pytest.skip(f"real cgroups unavailable: {parent}")
+    tag = uuid.uuid4().hex[:8]
+    made = {name: Group(version, Path(parent), f"{prefix}-{name}-{tag}") for name in names}
+    try:
+        yield made
+    finally:
+        for g in made.values():
+            g.close()

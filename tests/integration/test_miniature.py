@@ -5,7 +5,6 @@ are the judge, not oomguard's events."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,21 +12,13 @@ import pytest
 
 from tests.helpers.manager import ManagerProcess
 from tests.helpers.miniature import BASELINE, BUDGET, DECLARED, NODES, run_miniature
-from tests.helpers.realcgroup import Group, writable_parent
+from tests.helpers.realcgroup import Group, named_groups
 
 
 @pytest.fixture
 def groups() -> Iterator[dict[str, Group]]:
-    version, parent = writable_parent()
-    if version is None:
-        pytest.skip(f"real cgroups unavailable: {parent}")
-    tag = uuid.uuid4().hex[:8]
-    made = {name: Group(version, Path(parent), f"oomguard-mini-{name}-{tag}") for name in NODES}
-    try:
+    with named_groups(tuple(NODES), "oomguard-mini") as made:
         yield made
-    finally:
-        for g in made.values():
-            g.close()
 
 
 @pytest.mark.slow

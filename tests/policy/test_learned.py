@@ -70,6 +70,26 @@ def test_raise_only_unless_the_operator_lets_it_lower() -> None:
     assert (shape.per_job, shape.baseline, d["used"]) == (10 * MiB, 8 * MiB, "learned")
 
 
+def test_a_floor_is_taken_from_the_first_kill_and_never_dropped() -> None:
+    """Issue 36, item 1: the class's floor before 3 samples (``source: floor``) is used; an older
+    manager's ``declared`` answer above the declared size (the same floor, labelled so) is used too,
+    raise-only even with --learned-may-lower; a ``declared`` answer at or below it is not."""
+    floor = answer(per_job_bytes=96 * MiB, source="floor", samples=0)
+    shape, d = apply(SHAPE, floor, origin="manager", ceiling=GiB)
+    assert (shape.per_job, d["used"], d["source"]) == (96 * MiB, "learned", "floor")
+    assert d["why"] == (
+        "learned 96 MiB per job (0 sample(s), the floor an OOM kill or pressure stop in class cpu/ram:32GiB set), "
+        "declared 64 MiB"
+    )
+    old = answer(per_job_bytes=96 * MiB, baseline_bytes=8 * MiB, source="declared", samples=0)
+    for may_lower in (False, True):
+        shape, d = apply(SHAPE, old, origin="manager", ceiling=GiB, may_lower=may_lower)
+        assert (shape.per_job, shape.baseline, d["used"]) == (96 * MiB, 16 * MiB, "learned"), may_lower
+    for low in (answer(per_job_bytes=64 * MiB, source="declared"), answer(per_job_bytes=8 * MiB, source="declared")):
+        shape, d = apply(SHAPE, low, origin="manager", ceiling=GiB, may_lower=True)
+        assert shape is SHAPE and d["used"] == "declared" and "learned nothing" in d["why"]
+
+
 def test_the_ceiling_bounds_a_learned_size_and_nothing_learned_keeps_the_declared() -> None:
     shape, d = apply(SHAPE, answer(per_job_bytes=2**45), origin="cache", fetched="2027-01-01T00:00:00Z", ceiling=GiB)
     assert shape.per_job == GiB and d["used"] == "learned" and "above this node's ceiling" in d["why"]

@@ -18,13 +18,14 @@ Strict JSON (``parse_strict``, ``check_value``):
   sends one where a path held a byte that is not UTF-8.
 
 A refusal names the place, never the input: a key the manager knows (a field of schema.json or of
-an envelope: ``known``) by its name, any other by its position in its object (``<field 3>``, the
-third), a list item by its index (``place``).
+an envelope, an observation's included: ``known``) by its name, any other by its position in its
+object (``<field 3>``, the third), a list item by its index (``place``).
 
-The envelopes (``ReportEnvelope``, ``EventEnvelope``): every integer that reaches a BIGINT column
-is bounded; floats must be finite; strings that become columns are short and of a conservative
-character set. The report inside an envelope is the report's own contract (``schema.json``),
-checked once, by ``oomguard.manager.contract``, and kept as JSON text as the agent sent it.
+The envelopes (``ReportEnvelope``, ``EventEnvelope``, ``ObservationEnvelope``): every integer that
+reaches a BIGINT column is bounded; floats must be finite; strings that become columns are short
+and of a conservative character set. The report inside an envelope is the report's own contract
+(``schema.json``), checked once, by ``oomguard.manager.contract``, and kept as JSON text as the
+agent sent it. An observation is also held to its node's latest report (``observation_problem``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from oomguard.labels import KEY_MAX, KEY_PATTERN, LABELS_MAX, VALUE_MAX, label_p
 from oomguard.manager import contract, reportschema
 from oomguard.manager.times import parse_iso_ms
 from oomguard.nodes import NODE_CLASS_PATTERN, NODE_PATTERN, PROFILE_PATTERN
+from oomguard.units import MiB, format_size_precise
 
 MAX_DEPTH = 32
 INT_LIMIT = contract.BIG  # what a BIGINT column holds
@@ -128,7 +130,7 @@ def known() -> frozenset[str]:
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    for model in (ReportEnvelope, EventEnvelope, EventIn):
+    for model in (ReportEnvelope, EventEnvelope, EventIn, ObservationEnvelope, ObservationIn):
         names.update(model.model_fields)
     return frozenset(names)
 
@@ -311,6 +313,46 @@ class ObservationEnvelope(BaseModel):
     id: IngestId
     observation: ObservationIn
     labels: Labels | None = None
+
+
+# -- an observation against its node's own report ------------------------------------------------
+# Issue 36, item 2: a run's numbers cannot exceed the hard ceiling of the node it ran on. One
+# observation of a 1 EiB peak, or of a million jobs, would otherwise move its class's P98 and the
+# fleet's for 14 days. Checked where the node has a latest report with a known effective limit;
+# a node that never reported (run-only), or whose report knew no limit, is not checked.
+
+JOB_MIN_BYTES = MiB  # no job is planned below 1 MiB (learning.MIN_PER_JOB): more jobs than this allows never ran
+_SIZES = ("peak_per_job_bytes", "declared_per_job_bytes", "peak_baseline_bytes", "declared_baseline_bytes")
+
+
+def _checked_against(limit: int) -> str:
+    return f"the effective limit of the node's latest report, {format_size_precise(limit)}"
+
+
+def observation_problem(o: ObservationIn, limit: int) -> str | None:
+    """Why *o* cannot be a run of a node whose latest report's effective limit is *limit* bytes,
+    in one line naming the field and the limit (no value of the client's echoed); None when it fits."""
+    for name in _SIZES:
+        value = getattr(o, name)
+        if value is not None and value > limit:
+            return f"observation.{name}: above {_checked_against(limit)}"
+    most = limit // JOB_MIN_BYTES
+    if o.concurrency > most:
+        return f"observation.concurrency: above {most} jobs of 1 MiB, all that fit {_checked_against(limit)}"
+    if o.concurrency * o.declared_per_job_bytes + o.declared_baseline_bytes > limit:
+        return (
+            "observation.concurrency: its jobs at declared_per_job_bytes each, with declared_baseline_bytes, "
+            f"are above {_checked_against(limit)}"
+        )
+    return None
+
+
+def whole_bytes(value: object) -> object:
+    """A size in a query string: ASCII digits only (pydantic's lax int would take ``1.0``, ``+1``,
+    `` 1`` or ``1_000``), at most 19 of them (2^63 - 1 has 19); the bounds are the parameter's."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 19):
+        raise ValueError("expected a whole number of bytes: 1 to 19 digits, nothing else")
+    return value
 
 
 class Stored(BaseModel):

@@ -53,7 +53,16 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   the node cannot run the profile.
 - **Which scope**: the node's own samples when it has ``MIN_SAMPLES`` (3) or more; else its class's;
   else the fleet's; else the size declared (``source: declared``): a new node of a known class
-  starts from what its class has learned, never from nothing.
+  starts from what its class has learned, never from nothing. Where no scope has enough but a
+  failure in the class raised the declared size to its floor, the answer is that floor, labelled
+  ``source: floor`` (issue 36): the first kill's lesson is taken by the next node of the class,
+  which ``--learned`` leaves only a ``declared`` answer for.
+- **No one node moves its class** (issue 36): in a class's or the fleet's samples each node's
+  summed weight is capped at the heaviest other node's (``capped``), and each figure of the scope
+  (the size, the baseline, the size for a budget, the P95 forecast) is at most 1.25 times the
+  same figure without the node whose absence lowers it most, 1.5 times without two from 5 nodes
+  (``bounded``, ``BOUNDS``): one node raises its class by at most 25 % over what the others'
+  samples say, whatever it posts. A floor is not bounded so: one kill is the lesson.
 - **Confidence**: ``n / (n + CONFIDENCE_K)`` with ``n`` the samples' summed weights (``K`` = 5):
   0 with none, 0.5 for five fresh samples, lower as they age.
 - **One job's P95 peak, a forecast** (``job_p95``): m + ``P95_Z`` d from the first scope with
@@ -109,6 +118,15 @@ SPREAD_MIN_JOBS = 8  # fewer jobs a run: the size for a budget only guards the p
 # The standard normal's 95th percentile (NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.1,
 # "Cumulative Distribution Function of the Standard Normal Distribution": 0.95 at z = 1.645).
 P95_Z = 1.6449
+# No one node moves its class (issue 36, item 2): in a class's or the fleet's samples each node's
+# summed weight is capped at the heaviest other node's, and a figure (the size, the baseline, the
+# size for a budget, the P95 forecast) is at most BOUNDS' factor times the same figure without the
+# k nodes whose absence lowers it most (greedily, one by one), where the scope has at least
+# that many nodes: one node moves it by at most 25 % (any count of nodes from 2), two by at most
+# 50 % (from 5 nodes). A floor from a failure is not bounded so (one kill is the lesson, item 1);
+# the manager checks its sizes against the node's own report instead.
+BOUNDS: tuple[tuple[int, int, float], ...] = ((1, 2, 1.25), (2, 5, 1.50))  # (k nodes out, nodes at least, factor)
+CANDIDATES = 12  # the nodes tried for each leave-out: those with the largest peaks
 Source = RecommendationSource  # the scope an answer came from: oomguard._types, recommendation.schema.json
 _NOT_IN_CLASS = re.compile(r"[^A-Za-z0-9._+-]+")
 
@@ -162,6 +180,82 @@ def weighted_percentile(values: Sequence[tuple[int, float]], q: float) -> int | 
         if running >= q * total * (1 - 1e-12):
             return value
     return ordered[-1][0]
+
+
+Weighted = list[tuple[Sample, float]]
+
+
+def weighed(now_ms: int, samples: Sequence[Sample], *, per_node_cap: bool) -> Weighted:
+    """(sample, weight) pairs, each its age's weight; with *per_node_cap* (a class's or the
+    fleet's samples) ``capped``."""
+    pairs = [(s, weight(now_ms - s.received_ms)) for s in samples]
+    return capped(pairs) if per_node_cap else pairs
+
+
+def capped(pairs: Weighted) -> Weighted:
+    """*pairs* with each node's summed weight at most the heaviest other node's, its samples
+    scaled alike: one node posting many observations weighs no more than the busiest other."""
+    sums: dict[str, float] = {}
+    for s, w in pairs:
+        sums[s.node] = sums.get(s.node, 0.0) + w
+    if len(sums) < 2:
+        return pairs
+    top = sorted(sums.values(), reverse=True)
+    scale = {node: min(1.0, top[1] / total) if total == top[0] and total > 0 else 1.0 for node, total in sums.items()}
+    return [(s, w * scale[s.node]) for s, w in pairs]
+
+
+def bounded(
+    figure: Any,
+    pairs: Weighted,
+    said: list[str] | None = None,
+    what: str = "the size",
+    rank: Any = lambda s: s.peak_per_job,
+) -> Any:
+    """*figure* (a function of (sample, weight) pairs giving an int, or a tuple whose first item is
+    the int) over *pairs* (their ages' weights, ``capped`` here), bounded in how far one node, or
+    two, can move it (``BOUNDS``): at most the factor times the figure without the nodes whose
+    absence lowers it most (tried among the ``CANDIDATES`` nodes of largest *rank*: the per-job
+    peak), each figure over the others' samples ``capped`` anew, so that the figure without a node
+    is the one its class would have had without it. Said in *said* where a bound holds it."""
+    full = figure(capped(pairs))
+    value = full[0] if isinstance(full, tuple) else full
+    nodes = {s.node for s, _ in pairs}
+    if len(nodes) < 2:
+        return full
+    if value is None:  # none fits with them all: as if infinitely large, so bounded by the rest's
+        value = MAX_SIZE
+    rest, out = list(pairs), []
+    held: tuple[int, Any] | None = None
+    for k, at_least, factor in BOUNDS:
+        if len(nodes) < at_least:
+            break
+        peaks: dict[str, int] = {}
+        for s, _ in rest:
+            peaks[s.node] = max(peaks.get(s.node, 0), rank(s) or 0)
+        best: tuple[int, str, Any] | None = None
+        for node in sorted(peaks, key=lambda n: peaks[n], reverse=True)[:CANDIDATES]:
+            without = figure(capped([(s, w) for s, w in rest if s.node != node]))
+            v = without[0] if isinstance(without, tuple) else without
+            if v is not None and (best is None or v < best[0]):
+                best = (v, node, without)
+        if best is None:
+            break
+        out.append(best[1])
+        rest = [(s, w) for s, w in rest if s.node != best[1]]
+        cap = min(MAX_SIZE, math.ceil(best[0] * factor))
+        if cap < value and (held is None or cap < held[0]):
+            held = (cap, best[2])
+            if said is not None:
+                said.append(
+                    f"{what} {value} bytes is held at {cap} bytes: {factor:g} x its {best[0]} bytes without "
+                    f"{', '.join(out)} ({'one node moves' if k == 1 else f'{k} nodes move'} it by at most "
+                    f"{round((factor - 1) * 100)} %)"
+                )
+    if held is None:
+        return full
+    cap, without = held  # a tuple's other items are those of the figure without the nodes
+    return (cap, *without[1:]) if isinstance(without, tuple) else cap
 
 
 def floor_of(samples: Sequence[Sample]) -> tuple[int, Sample | None]:
@@ -287,6 +381,18 @@ def _grown(value: int | None) -> int | None:
     return None if value is None else min(MAX_SIZE, math.ceil(value * (1 + MARGIN)))
 
 
+def _job_size(pairs: Weighted) -> int | None:
+    """The percentile rule's per-job size over *pairs*: the weighted P98 of the peaks + the margin."""
+    return _grown(weighted_percentile([(s.peak_per_job, w) for s, w in pairs], PERCENTILE))
+
+
+def _baseline_size(pairs: Weighted) -> int | None:
+    """The same over the baselines measured; None without one."""
+    return _grown(
+        weighted_percentile([(s.peak_baseline, w) for s, w in pairs if s.peak_baseline is not None], PERCENTILE)
+    )
+
+
 def recommend(
     now_ms: int,
     node: str | None,
@@ -320,11 +426,17 @@ def recommend(
             said.append(f"{name}: {len(found)} sample(s) in the last 14 days, fewer than {MIN_SAMPLES}")
             continue
         used = found[:MAX_SAMPLES]
-        weighted = [(s, weight(now_ms - s.received_ms)) for s in used]
+        raw = weighed(now_ms, used, per_node_cap=False)
+        weighted = raw if scope == "node" else capped(raw)
         n_eff = sum(w for _, w in weighted)
-        job = max(MIN_PER_JOB, _grown(weighted_percentile([(s.peak_per_job, w) for s, w in weighted], PERCENTILE)) or 0)
+        if scope == "node":  # its own samples: no other node to bound it by
+            job, measured_base = _job_size(raw), _baseline_size(raw)
+        else:
+            job = bounded(_job_size, raw, said, "the per-job size")
+            measured_base = bounded(_baseline_size, raw, said, "the baseline", rank=lambda s: s.peak_baseline)
+        job = max(MIN_PER_JOB, job or 0)
         measured = [(s.peak_baseline, w) for s, w in weighted if s.peak_baseline is not None]
-        base = _grown(weighted_percentile(measured, PERCENTILE)) if measured else declared_base
+        base = measured_base if measured else declared_base
         said.append(
             f"{name}: the weighted P{round(PERCENTILE * 100)} of {len(used)} sample(s) (half-life 48 h) "
             f"+ {round(MARGIN * 100)} %: per job {job} bytes, "
@@ -350,10 +462,13 @@ def recommend(
     if job is not None and floor > job:
         said.append(_floor_words(floor, why, iso))
         job = floor
+        if source == "declared":  # a lesson from the first kill: never left as "declared" (issue 36)
+            source = "floor"
     if budget is not None and job is not None and base is not None:
-        names = {"node": f"node {node}", "class": f"class {node_class}", "fleet": "the fleet", "declared": ""}
+        names = {"node": f"node {node}", "class": f"class {node_class}", "fleet": "the fleet"}
         mine = f"class {node_class}" if node_class is not None else f"node {node}"
-        job = _held_at_room(now_ms, (in_class, mine), (used, names[source]), room=budget - base, job=job, said=said)
+        scope_name = names.get(source, "")
+        job = _held_at_room(now_ms, (in_class, mine), (used, scope_name), room=budget - base, job=job, said=said)
     p95, p95_source, p95_words = _forecast(now_ms, scopes)
     return Recommendation(
         per_job_bytes=job,
@@ -377,7 +492,8 @@ def _forecast(now_ms: int, scopes: Sequence[tuple[Source, str, list[Sample]]]) -
     fleet's, with ``SPREAD_MIN`` runs that ended well, its scope and how; (None, None, why) where
     none has."""
     for scope, name, found in scopes:
-        estimate = job_p95([(s, weight(now_ms - s.received_ms)) for s in found[:MAX_SAMPLES]])
+        pairs = weighed(now_ms, found[:MAX_SAMPLES], per_node_cap=False)
+        estimate = job_p95(pairs) if scope == "node" else bounded(job_p95, pairs)
         if estimate is None:
             continue
         p95, mean, spread, runs = estimate
@@ -399,10 +515,15 @@ def _for_budget(
     for scope, name, found in scopes:
         if scope == "fleet":
             break
-        sized = per_run_size([(s, weight(now_ms - s.received_ms)) for s in found[:MAX_SAMPLES]], room)
+        pairs = weighed(now_ms, found[:MAX_SAMPLES], per_node_cap=False)
+        if scope == "node":
+            sized = per_run_size(pairs, room)
+        else:
+            sized = bounded(lambda p: per_run_size(p, room), pairs, said, "the size for the room")
         if sized is None:
             continue
         size, jobs, mean, spread = sized
+        jobs = room // size  # per_run_size's size fits its jobs exactly; a bound's size fits more
         words = (
             f"for {room} bytes of room: {name}'s mean per-job peak {round(mean)} bytes, spread {round(spread)}, "
             f"{jobs} job{'' if jobs == 1 else 's'} with {RUN_Z:g} spreads x sqrt({jobs}) free: {size} bytes a job"
@@ -445,7 +566,7 @@ def _held_at_room(
     if job <= room or room < MIN_PER_JOB:
         return job
     evidence, name = in_class if in_class[0] else used
-    weighted = [(s, weight(now_ms - s.received_ms)) for s in evidence[:MAX_SAMPLES]]
+    weighted = weighed(now_ms, evidence[:MAX_SAMPLES], per_node_cap=True)
     total = sum(w for _, w in weighted)
     p98 = weighted_percentile([(s.peak_per_job, w) for s, w in weighted], PERCENTILE)
     # A failed run of several jobs says their sum passed a room, not that one job does: one job

@@ -7,7 +7,10 @@ network and no files; ``oomguard.agent.learned`` fetches the answer and keeps th
 
 - **Which answer**: the manager's, else (unreachable, refused, not JSON) the last answer kept on
   disk, else none: the declared size. An answer whose ``source`` is ``declared`` (the manager has
-  no samples of the profile) leaves the declared size too.
+  too few samples of the profile) leaves the declared size too, but where its per-job size or
+  baseline is above the declared one (an older manager's floor from a kill in the class): an
+  answer above the declared size is never dropped (issue 36), and ``source: floor`` (the class's
+  floor after its first OOM kill, before 3 samples) is taken as any learned answer.
 - **Raise-only** by default: per job ``max(declared, learned)``, the baseline likewise. A learned
   size below the declared one is the operator's choice (``may_lower``: ``--learned-may-lower``);
   the manager's lower answer is still said.
@@ -102,6 +105,11 @@ def _pick(declared: int, learned: int | None, may_lower: bool, ceiling: int | No
     return used, False
 
 
+def _above(shape: Shape, answer: Answer) -> bool:
+    """Whether *answer* asks more than *shape* declares, per job or for the baseline."""
+    return (answer.per_job_bytes or 0) > shape.per_job or (answer.baseline_bytes or 0) > shape.baseline
+
+
 def apply(
     shape: Shape,
     answer: Answer | None,
@@ -117,11 +125,11 @@ def apply(
     *fetched*: when the answer was fetched; *unreached*: why the manager gave none (for ``cache``
     and ``none``); *ceiling*: this node's (``memory.effective_bytes``), None when unknown."""
     assert origin in ORIGINS, origin
-    learned = answer is not None and answer.source != "declared"
-    per_job, job_capped = _pick(shape.per_job, answer.per_job_bytes if learned and answer else None, may_lower, ceiling)
-    baseline, base_capped = _pick(
-        shape.baseline, answer.baseline_bytes if learned and answer else None, may_lower, ceiling
-    )
+    learned = answer is not None and (answer.source != "declared" or _above(shape, answer))
+    # A "declared" answer above the declared size raises only: it never lowers, whatever may_lower.
+    lower = may_lower and answer is not None and answer.source != "declared"
+    per_job, job_capped = _pick(shape.per_job, answer.per_job_bytes if learned and answer else None, lower, ceiling)
+    baseline, base_capped = _pick(shape.baseline, answer.baseline_bytes if learned and answer else None, lower, ceiling)
     per_job = max(1, per_job)  # a Shape's per-job size is above 0 (a ceiling of 0 would make it 0)
     used = learned is not None and (per_job, baseline) != (shape.per_job, shape.baseline)
     decision: dict[str, Any] = {
@@ -174,9 +182,11 @@ def _why(
         return f"{where}no earlier answer kept: the declared {format_size(shape.per_job)} per job"
     if origin == "cache":
         where += f"the answer kept from {fetched or 'an earlier run'}: "
-    if answer.source == "declared":
+    if answer.source == "declared" and not _above(shape, answer):
         return f"{where}the manager has learned nothing of {shape.profile} yet: the declared size"
     scope = answer.source + (f" {answer.node_class}" if answer.source == "class" and answer.node_class else "")
+    if answer.source in ("floor", "declared"):
+        scope = f"the floor an OOM kill or pressure stop in class {answer.node_class or '?'} set"
     learned = f"learned {format_size(answer.per_job_bytes or 0)} per job ({answer.samples} sample(s), {scope})"
     declared = format_size(shape.per_job)
     if capped:

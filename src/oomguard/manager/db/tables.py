@@ -8,7 +8,20 @@ declarations mirror the head revision for queries, every column in its table's o
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    false,
+)
 
 metadata = MetaData()
 
@@ -123,7 +136,8 @@ events = Table(
 # Revision 0007: what each run of a profiled worker really used (``POST /api/v1/observations``),
 # which ``oomguard.manager.learning`` learns from. ``node_class``: the operator's label, or the class
 # derived from the node's latest report when the observation was stored; ``observed``: the agent's
-# time, as reported.
+# time, as reported. Revision 0010: ``excluded``, set by an operator (``POST
+# /api/v1/observations/{node}/{id}/exclude``): kept and shown, but not learned from.
 observations = Table(
     "observations",
     metadata,
@@ -140,6 +154,7 @@ observations = Table(
     Column("peak_baseline_bytes", BigInteger),
     Column("concurrency", Integer, nullable=False),
     Column("outcome", String(16), nullable=False),
+    Column("excluded", Boolean, nullable=False, server_default=false()),  # revision 0010
     Index("ix_observations_profile_time", "profile", "received_ms"),
     Index("ix_observations_class_time", "profile", "node_class", "received_ms"),
     Index("ix_observations_node_time", "node_id", "received_ms"),

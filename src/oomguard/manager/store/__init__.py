@@ -12,7 +12,8 @@
   ``oomguard.manager.retention`` (what history is kept, which silent nodes are archived: its own
   connection, small batches, one replica at a time on PostgreSQL);
 - ``forget_node``: a node and all its rows deleted, on the writer thread (the admin token is the
-  caller's to check);
+  caller's to check); ``set_excluded``: an observation excluded from what the fleet learns, or
+  included again, likewise;
 - ``health``: database failures seen by the routes: their kinds, each outage episode logged once;
 - ``growth``: how many nodes were created in the last hour (the new-node cap, shared by replicas);
 - ``overview``: the dashboard overview's answer, kept a few seconds where it is slow to compute;
@@ -101,6 +102,12 @@ class Store:
         forgotten = await self._writer.forget(name)
         self.overview_kept.clear()  # this replica's overview lists it no more
         return forgotten
+
+    async def set_excluded(self, node: str, ingest_id: str, excluded: bool, profile: str | None = None) -> bool:
+        """Exclude the observation *ingest_id* of *node* (of *profile*, when given) from what the
+        fleet learns, or include it again (``Writer.set_excluded``); False when there is no such
+        observation. The caller checks the admin token."""
+        return await self._writer.set_excluded(node, ingest_id, excluded, profile)
 
     def thin(self, now: int | None = None) -> dict[str, int]:
         """One retention pass (see ``oomguard.manager.retention``): the rows it removed, by kind,
@@ -225,10 +232,17 @@ class Store:
         with self.engine.connect() as conn:
             return profiles.profiles_index(conn, self.clock())
 
-    def profile_view(self, profile: str) -> dict[str, Any] | None:
-        """What the fleet learned of *profile*, for its page (``profiles.profile_view``)."""
+    def profile_view(self, profile: str, offset: int = 0) -> dict[str, Any] | None:
+        """What the fleet learned of *profile*, for its page, with a page of its observations from
+        *offset* (``profiles.profile_view``)."""
         with self.engine.connect() as conn:
-            return profiles.profile_view(conn, self.clock(), profile)
+            return profiles.profile_view(conn, self.clock(), profile, offset)
+
+    def reported_limit(self, node: str) -> int | None:
+        """The effective limit of *node*'s latest report; None: no report, or no limit known in it
+        (``learned.reported_limit``)."""
+        with self.engine.connect() as conn:
+            return learned.reported_limit(conn, node)
 
     def class_recommendations(self) -> list[dict[str, Any]]:
         """Each observed (profile, class)'s recommendation for a new node of it (``learned.by_class``)."""

@@ -2,6 +2,9 @@
 (``oomguard.manager.learning``: the rule). Computed on each read from the ``observations`` table
 and the time, so every replica on one database gives the same answer at the same time.
 
+An observation an operator excluded (``observations.excluded``, revision 0010: ``POST
+/api/v1/observations/{node}/{id}/exclude``) is no sample: every read here leaves it out.
+
 Bounded reads, each the newest ``learning.MAX_SAMPLES`` of the window: the fleet's (by the index
 on profile and time), then the node's own and its class's (on node and time, profile, class and
 time) only when the fleet's did not hold the whole window.
@@ -16,11 +19,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, func, select, true
+from sqlalchemy import Connection, false, func, select, true
 
 from oomguard.labels import CLASS_LABEL
 from oomguard.manager import learning
-from oomguard.manager.db import nodes, observations
+from oomguard.manager.db import latest_reports, nodes, observations
 from oomguard.manager.store import text
 from oomguard.manager.times import iso_ms
 from oomguard.nodes import node_class_problem
@@ -38,12 +41,16 @@ _COLUMNS = (
     observations.c.outcome,
 )
 
+LEARNED = observations.c.excluded == false()  # an observation the rule learns from: not excluded
+
 
 def samples_of(conn: Connection, profile: str, since_ms: int, *where: Any) -> dict[int, learning.Sample]:
+    """The newest ``learning.MAX_SAMPLES`` samples of *profile* received from *since_ms* on (and
+    *where*), excluded observations left out, by row id."""
     query = (
         select(*_COLUMNS)
         .select_from(observations.join(nodes, nodes.c.id == observations.c.node_id))
-        .where(observations.c.profile == profile, observations.c.received_ms >= since_ms, *where)
+        .where(observations.c.profile == profile, observations.c.received_ms >= since_ms, LEARNED, *where)
         .order_by(observations.c.received_ms.desc(), observations.c.id.desc())
         .limit(learning.MAX_SAMPLES)
     )
@@ -80,6 +87,18 @@ def _scope(
         return {i: s for i, s in fleet.items() if s.node_class == node_class}
     where = observations.c.node_id == node[0] if node is not None else observations.c.node_class == node_class
     return samples_of(conn, profile, since_ms, where)
+
+
+def reported_limit(conn: Connection, node: str) -> int | None:
+    """The effective limit of *node*'s latest report (``nodes.effective_bytes``, which a report
+    sets); None where the node has no report (unknown, or run-only: a start event's limit is not
+    its report's) or its report knew no limit."""
+    found = conn.execute(
+        select(nodes.c.effective_bytes)
+        .select_from(nodes.join(latest_reports, latest_reports.c.node_id == nodes.c.id))
+        .where(nodes.c.name == node)
+    ).scalar()
+    return None if found is None else int(found)
 
 
 def labelled_class(labels_json: str | None) -> str | None:
@@ -164,7 +183,7 @@ def by_class(conn: Connection, now: int) -> list[dict[str, Any]]:
     since = now - learning.WINDOW_MS
     pairs = conn.execute(
         select(observations.c.profile, observations.c.node_class, func.count())
-        .where(observations.c.received_ms >= since)
+        .where(observations.c.received_ms >= since, LEARNED)
         .group_by(observations.c.profile, observations.c.node_class)
         .order_by(func.count().desc(), observations.c.profile, observations.c.node_class)
         .limit(CLASSES_SHOWN)

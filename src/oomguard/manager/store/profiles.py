@@ -13,6 +13,13 @@ applying the recommendation changes.
   baseline of ``learning.recommend`` with ``budget``: what ``plan --learned`` there would get);
   summed per class and over the fleet. A node without a known budget counts in neither sum and
   is said.
+- **Observations**: the window's observations, excluded ones too (an operator's choice,
+  ``observations.excluded``: shown, marked, but no sample), newest first, a page at a time,
+  each with what identifies it to ``POST /api/v1/observations/{node}/{id}/exclude``.
+
+The index and the figures above count only what the rule learns from: excluded observations are
+left out (``learned.LEARNED``); a profile whose observations in the window are all excluded still
+has its page, for its list.
 """
 
 from __future__ import annotations
@@ -24,11 +31,12 @@ from sqlalchemy import Connection, case, func, select
 from oomguard._types import FAILURES
 from oomguard.manager import learning
 from oomguard.manager.db import nodes, observations
-from oomguard.manager.store.learned import samples_of
+from oomguard.manager.store.learned import LEARNED, samples_of
 from oomguard.manager.times import iso_ms
 
 PROFILES_SHOWN = 200  # the most profiles the index lists, the most observed first
 FAILURES_SHOWN = 50  # the newest OOM kills and pressure stops listed
+OBSERVATIONS_PAGE = 50  # the observations listed a page, newest first
 
 
 def jobs_at(budget: int | None, per_job: int | None, baseline: int | None) -> int | None:
@@ -50,7 +58,7 @@ def profiles_index(conn: Connection, now: int) -> list[dict[str, Any]]:
             failed,
             func.max(observations.c.received_ms),
         )
-        .where(observations.c.received_ms >= since)
+        .where(observations.c.received_ms >= since, LEARNED)
         .group_by(observations.c.profile)
         .order_by(func.count().desc(), observations.c.profile)
         .limit(PROFILES_SHOWN)
@@ -61,11 +69,52 @@ def profiles_index(conn: Connection, now: int) -> list[dict[str, Any]]:
     ]
 
 
-def profile_view(conn: Connection, now: int, profile: str) -> dict[str, Any] | None:
-    """The page's figures for *profile* (module doc), or None when the window holds none of it."""
-    samples = list(samples_of(conn, profile, now - learning.WINDOW_MS).values())
-    if not samples:
-        return None
+def observations_page(conn: Connection, profile: str, since_ms: int, offset: int) -> dict[str, Any]:
+    """``OBSERVATIONS_PAGE`` of *profile*'s observations received from *since_ms* on, excluded ones
+    too, newest first from *offset*: ``{rows, offset, page, more}`` (``more``: an older page exists)."""
+    rows = conn.execute(
+        select(
+            nodes.c.name,
+            observations.c.ingest_id,
+            observations.c.received_ms,
+            observations.c.node_class,
+            observations.c.declared_per_job_bytes,
+            observations.c.peak_per_job_bytes,
+            observations.c.concurrency,
+            observations.c.outcome,
+            observations.c.excluded,
+        )
+        .select_from(observations.join(nodes, nodes.c.id == observations.c.node_id))
+        .where(observations.c.profile == profile, observations.c.received_ms >= since_ms)
+        .order_by(observations.c.received_ms.desc(), observations.c.id.desc())
+        .offset(offset)
+        .limit(OBSERVATIONS_PAGE + 1)  # one more: whether an older page exists
+    ).all()
+    listed = [
+        {
+            "node": r.name,
+            "id": r.ingest_id,
+            "received": iso_ms(int(r.received_ms)),
+            "node_class": r.node_class,
+            "declared_per_job_bytes": int(r.declared_per_job_bytes),
+            "peak_per_job_bytes": int(r.peak_per_job_bytes),
+            "concurrency": int(r.concurrency),
+            "outcome": r.outcome,
+            "excluded": bool(r.excluded),
+        }
+        for r in rows[:OBSERVATIONS_PAGE]
+    ]
+    return {"rows": listed, "offset": offset, "page": OBSERVATIONS_PAGE, "more": len(rows) > OBSERVATIONS_PAGE}
+
+
+def profile_view(conn: Connection, now: int, profile: str, offset: int = 0) -> dict[str, Any] | None:
+    """The page's figures for *profile* (module doc), with the page of its observations from
+    *offset*; None when the window holds none of it, excluded or not."""
+    since = now - learning.WINDOW_MS
+    samples = list(samples_of(conn, profile, since).values())
+    listed = observations_page(conn, profile, since, offset)
+    if not samples:  # none, or all excluded: then the figures of no sample
+        return _nothing_learned(conn, profile, since, listed, now)
     newest = samples[0]  # samples_of: newest first
     budgets = dict(
         conn.execute(
@@ -127,4 +176,35 @@ def profile_view(conn: Connection, now: int, profile: str) -> dict[str, Any] | N
         "failures": [{"sample": s, "received": iso_ms(s.received_ms)} for s in failures],
         "jobs": total,
         "updated": iso_ms(newest.received_ms),
+        "observations": listed,
+    }
+
+
+def _nothing_learned(
+    conn: Connection, profile: str, since: int, listed: dict[str, Any], now: int
+) -> dict[str, Any] | None:
+    """The page of a profile whose observations in the window are all excluded: no sample, no
+    class, no failure; the declared sizes and time of the newest observation. None when the
+    window holds no observation of it at all."""
+    newest = conn.execute(
+        select(
+            observations.c.declared_per_job_bytes, observations.c.declared_baseline_bytes, observations.c.received_ms
+        )
+        .where(observations.c.profile == profile, observations.c.received_ms >= since)
+        .order_by(observations.c.received_ms.desc(), observations.c.id.desc())
+        .limit(1)
+    ).first()
+    if newest is None:
+        return None
+    return {
+        "profile": profile,
+        "declared_per_job_bytes": int(newest[0]),
+        "declared_baseline_bytes": int(newest[1]),
+        "samples": [],
+        "fleet": learning.recommend(now, None, None, [], iso_ms),
+        "classes": [],
+        "failures": [],
+        "jobs": {"today": 0, "learned": 0, "nodes": 0, "unknown": 0},
+        "updated": iso_ms(int(newest[2])),
+        "observations": listed,
     }

@@ -15,7 +15,8 @@ Rows are written in one order (node names, ingest ids, node ids) so replicas nev
 An event, and a heartbeat (which is no row: ``oomguard run --manager``'s supervisor saying it is
 alive), stamp the node's ``last_event_ms``; for a node no agent ever reported, its last-seen time
 too (the run-only status). A report, event or heartbeat un-archives its node. ``forget`` deletes
-a node and its rows on the same writer thread, so no write of it can interleave.
+a node and its rows on the same writer thread, so no write of it can interleave; ``set_excluded``
+sets an observation's ``excluded`` flag (an operator's), there too.
 """
 
 from __future__ import annotations
@@ -196,6 +197,20 @@ class Writer:
             return stored is not None
 
         return bool(await self.committer.submit_async(write, 512))
+
+    async def set_excluded(self, node: str, ingest_id: str, excluded: bool, profile: str | None = None) -> bool:
+        """Exclude the observation *ingest_id* of *node* (of *profile*, when given) from what the
+        fleet learns, or include it again; False when there is no such observation."""
+
+        def write(conn: Connection) -> bool:
+            node_id = select(nodes.c.id).where(nodes.c.name == node).scalar_subquery()
+            where = [observations.c.ingest_id == ingest_id, observations.c.node_id == node_id]
+            if profile is not None:
+                where.append(observations.c.profile == profile)
+            # rowcount: the rows matched, on both databases, also where the flag already held
+            return conn.execute(update(observations).where(*where).values(excluded=excluded)).rowcount == 1
+
+        return bool(await self.committer.submit_async(write))
 
     async def warm(self, limit: int) -> list[str]:
         """Read the names and ids of up to *limit* nodes (the newest first) into the writer's cache,

@@ -1,12 +1,13 @@
 """The HTTP API: agents POST reports, events and observations (the node's own token, or the fleet-wide agent
 token: ``deps.require_agent``; the body's ``node`` must be the token's, ``deps.may_write``);
 readers GET nodes, alerts, a profile's recommendation and Prometheus metrics (viewer token); the operator DELETEs a node
-(admin token); ``/healthz`` is open and checks the database.
+and excludes or includes one observation (admin token); ``/healthz`` is open and checks the database.
 
 No client input gets a 5xx: a body that is not strict JSON is refused by the middleware
 (``oomguard.manager.bodies``), one that does not fit its envelope (``bodies``) or a report that
 does not fit its contract (``oomguard.manager.contract``: schema.json and what the manager needs)
-gets 422, and so does a query parameter out of its bounds.
+gets 422, and so does a query parameter out of its bounds, and an observation that cannot be a run
+of its node (``bodies.observation_problem``, against its latest report's effective limit).
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BeforeValidator
 from sqlalchemy import Engine, text
 
 from oomguard.manager import contract
 from oomguard.manager.alerts import STATUSES
 from oomguard.manager.bodies import (
     CLASS_PATTERN,
+    ID_PATTERN,
     EventEnvelope,
     ObservationEnvelope,
     ReportEnvelope,
     Stored,
     label_filter,
+    observation_problem,
+    whole_bytes,
 )
-from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS
+from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS, Store
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth, classify
 from oomguard.manager.times import parse_iso_ms
 from oomguard.manager.web.deps import (
@@ -42,6 +47,7 @@ from oomguard.manager.web.deps import (
     may_write,
     require_admin,
     require_agent,
+    require_operator,
     require_viewer,
 )
 from oomguard.manager.web.metrics import render_metrics
@@ -105,8 +111,14 @@ async def post_observation(
     request: Request, body: ObservationEnvelope, store: StoreDep, credential: AgentDep
 ) -> Stored:
     """What one run of a profiled worker really used (docs/manager.md, "The fleet learns"); an
-    idempotent retry of an id stored before answers ``stored: false``."""
+    idempotent retry of an id stored before answers ``stored: false``. 422 naming the field where
+    the run cannot have fitted the effective limit of the node's latest report
+    (``bodies.observation_problem``); a node without a report (run-only) is not checked."""
     await may_write(request, credential, body.node)
+    limit = await db_read(request, store.reported_limit, body.node)
+    problem = None if limit is None else observation_problem(body.observation, limit)
+    if problem is not None:
+        raise HTTPException(422, problem)
     return Stored(stored=await db_write(request, store.ingest_observation_async(body)), id=body.id)
 
 
@@ -127,7 +139,7 @@ async def get_recommendation(
     profile: Annotated[str, Path(pattern=PROFILE_PATTERN, max_length=128)],
     node: Annotated[str | None, Query(pattern=NODE_PATTERN, max_length=128)] = None,
     node_class: Annotated[str | None, Query(pattern=CLASS_PATTERN, max_length=64)] = None,
-    budget_bytes: Annotated[int | None, Query(ge=1, le=MAX_SIZE)] = None,
+    budget_bytes: Annotated[int | None, Query(ge=1, le=MAX_SIZE), BeforeValidator(whole_bytes)] = None,
 ) -> dict[str, Any]:
     """The size to plan *profile*'s jobs at on *node* (of *node_class*: default the node's): the
     node's own samples, else its class's, else the fleet's, else the size declared (``source``),
@@ -234,6 +246,34 @@ async def delete_node(request: Request, store: StoreDep, name: NodeName) -> Resp
     return Response(status_code=204)
 
 
+operator = APIRouter(
+    prefix="/api/v1",
+    dependencies=[Depends(require_operator)],
+    responses={**REFUSALS, 403: {"description": "not the admin token, or the manager has none (--admin-token)"}},
+)
+IngestIdPath = Annotated[str, Path(pattern=ID_PATTERN, max_length=128)]
+
+
+async def _set_excluded(request: Request, store: Store, node: str, id_: str, excluded: bool) -> dict[str, Any]:
+    """The flag set (``Store.set_excluded``) and said; 404 for no such observation of *node*."""
+    if not await db_write(request, store.set_excluded(node, id_, excluded)):
+        raise HTTPException(404, f"no observation {id_!r} of node {node!r}")
+    return {"node": node, "id": id_, "excluded": excluded}
+
+
+@operator.post("/observations/{node}/{id}/exclude", responses={404: {"description": "no such observation"}})
+async def exclude_observation(request: Request, store: StoreDep, node: NodeName, id: IngestIdPath) -> dict[str, Any]:
+    """Leave the observation *id* (the ``id`` it was posted with) of *node* out of what the fleet
+    learns: it is kept, and listed on its profile's page as excluded. Admin token only."""
+    return await _set_excluded(request, store, node, id, True)
+
+
+@operator.post("/observations/{node}/{id}/include", responses={404: {"description": "no such observation"}})
+async def include_observation(request: Request, store: StoreDep, node: NodeName, id: IngestIdPath) -> dict[str, Any]:
+    """Learn from the observation *id* of *node* again (undoes ``exclude``). Admin token only."""
+    return await _set_excluded(request, store, node, id, False)
+
+
 @reads.get("/api/v1/alerts")
 async def get_alerts(request: Request, store: StoreDep) -> dict[str, Any]:
     return {"alerts": await db_read(request, store.alerts)}
@@ -286,4 +326,4 @@ async def healthz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if not failing else 503)
 
 
-routers = (ingest, reads, advice, admin, health)
+routers = (ingest, reads, advice, admin, operator, health)

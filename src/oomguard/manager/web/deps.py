@@ -202,6 +202,35 @@ async def may_write(request: Request, credential: AgentCredential, node: str) ->
         )
 
 
+OTHER_ROLE = "this token is not the operator's: excluding or including an observation needs the admin token"
+NO_OPERATOR = (
+    "this manager has no admin token: excluding observations is disabled (start it with --admin-token "
+    "or OOMGUARD_ADMIN_TOKEN)"
+)
+
+
+def _another_role(request: Request, given: str | None) -> bool:
+    """Whether *given* is a valid token of a role other than the operator's: the viewer's, the
+    fleet-wide agent token or a node's (not counted as a failed guess: it is no guess)."""
+    settings = get_settings(request)
+    if not given:
+        return False
+    if settings.viewer_token is not None and token_ok(settings.viewer_token, given):
+        return True
+    credential = agent_credential(settings, given)
+    return credential is not None and credential.kind != "open"
+
+
+async def require_operator(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """An operator's write on what the fleet learns: the admin token (``require_admin``); a valid
+    token of another role is 403 (it is known, and not allowed), any other 401."""
+    if get_settings(request).admin_token is None:
+        raise HTTPException(403, NO_OPERATOR)
+    if _another_role(request, bearer(authorization)):
+        raise HTTPException(403, OTHER_ROLE)
+    await require_admin(request, authorization)
+
+
 async def require_viewer(
     request: Request,
     authorization: Annotated[str | None, Header()] = None,

@@ -1,22 +1,27 @@
-"""Forgetting a node (``GET``/``POST /nodes/{name}/forget``): the dashboard's one write.
+"""The dashboard's writes: forgetting a node (``GET``/``POST /nodes/{name}/forget``), and excluding
+one observation from what the fleet learns or including it again (``POST
+/profiles/{profile}/observations``, the profile page's Exclude and Include buttons).
 
-It needs, besides the viewer's session (``pages.require_viewer_page``), the operator's
+Each needs, besides the viewer's session (``pages.require_viewer_page``), the operator's
 ``--admin-token`` typed into the form (never remembered: it is no ambient credential a forged
-request could ride on) and the node's name typed again. Against cross-site requests on top of
-that: the session cookie is SameSite=Strict; the form carries a token derived from the session
-cookie (HMAC-SHA256 keyed by the cookie, which another site cannot read); and a browser's
+request could ride on); forgetting, the node's name typed again too. Against cross-site requests
+on top of that: the session cookie is SameSite=Strict; the form carries a token derived from the
+session cookie (HMAC-SHA256 keyed by the cookie, which another site cannot read); and a browser's
 ``Origin`` must name this manager's own Host, or the ``X-Forwarded-Host`` a reverse proxy sends
 when it rewrites Host to its upstream (deploy/proxy/: Caddy and nginx both do), believed only from
-a ``--trusted-proxy`` (``web.proxies``): from anyone else that header is ignored. The confirmation page sets
-``<meta name="referrer" content="same-origin">``, since the manager's ``Referrer-Policy:
-no-referrer`` would make the browser send ``Origin: null``: Fetch standard, "append a request
-Origin header"). After a success the overview says so once (the ``NOTICE`` cookie).
+a ``--trusted-proxy`` (``web.proxies``): from anyone else that header is ignored. The pages with
+these forms (the confirmation, the profile's) set ``<meta name="referrer" content="same-origin">``,
+since the manager's ``Referrer-Policy: no-referrer`` would make the browser send ``Origin: null``:
+Fetch standard, "append a request Origin header"). After a node is forgotten the overview says so
+once (the ``NOTICE`` cookie); after an observation is excluded or included, the profile's page
+shows it so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import urllib.parse
 from dataclasses import dataclass
 from typing import Annotated
@@ -24,11 +29,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from oomguard.manager.bodies import ID_PATTERN
 from oomguard.manager.store import Store
 from oomguard.manager.web.deps import SettingsDep, StoreDep, admin_ok, db_read, db_write
-from oomguard.manager.web.pages import SessionCookie, form_fields, missing_node, page, viewer_pages
+from oomguard.manager.web.pages import SessionCookie, form_fields, missing_node, page, render, viewer_pages
 from oomguard.manager.web.proxies import forwarded_host
-from oomguard.nodes import is_valid_node_name
+from oomguard.nodes import is_valid_node_name, is_valid_profile_name
 
 NOTICE = "oomguard_notice"  # a one-shot cookie: the node just forgotten, shown once on the overview
 CROSS_SITE = "This request did not come from this manager's own form; open the node's page and try again."
@@ -37,12 +43,22 @@ DISABLED = "Forgetting nodes is disabled: start the manager with --admin-token."
 router = viewer_pages()
 
 
-def forget_token(session: str | None, name: str) -> str:
-    """The confirmation form's token: HMAC-SHA256 keyed by the session cookie (RFC 2104), so only
-    a page that could read the cookie (this manager's own) can fill it in; "" without a session."""
+def form_token(session: str | None, purpose: str) -> str:
+    """A form's token: HMAC-SHA256 of *purpose* keyed by the session cookie (RFC 2104), so only a
+    page that could read the cookie (this manager's own) can fill it in; "" without a session."""
     if not session:
         return ""
-    return hmac.new(session.encode(), f"oomguard-forget:{name}".encode(), hashlib.sha256).hexdigest()
+    return hmac.new(session.encode(), purpose.encode(), hashlib.sha256).hexdigest()
+
+
+def forget_token(session: str | None, name: str) -> str:
+    """The forget confirmation's token (``form_token``) for the node *name*."""
+    return form_token(session, f"oomguard-forget:{name}")
+
+
+def observation_token(session: str | None, profile: str) -> str:
+    """The profile page's Exclude/Include form's token (``form_token``) for *profile*."""
+    return form_token(session, f"oomguard-observation:{profile}")
 
 
 DEFAULT_PORTS = {"http": "80", "https": "443"}
@@ -134,3 +150,54 @@ async def forget(f: ForgettingDep) -> Response:
     secure = f.request.url.scheme == "https"
     response.set_cookie(NOTICE, f.name, max_age=60, httponly=True, samesite="strict", path="/", secure=secure)
     return response
+
+
+# -- excluding an observation ----------------------------------------------------------------------
+
+NO_EXCLUDING = "Excluding observations is disabled: start the manager with --admin-token."
+CROSS_SITE_PROFILE = "This request did not come from this manager's own form; open the profile's page and try again."
+NO_CHOICE = "Choose an observation's Exclude or Include button."
+GONE = "There is no such observation of this profile (it may have left the window, or its node been forgotten)."
+
+
+def chosen_observation(field: dict[str, str]) -> tuple[bool, str, str] | None:
+    """The button pressed: ``exclude`` or ``include`` with the value ``NODE/ID`` (neither holds a
+    "/": ``NODE_PATTERN``, ``ID_PATTERN``), as (excluded, node, id); None for anything else."""
+    for action, excluded in (("exclude", True), ("include", False)):
+        node, sep, ingest_id = field.get(action, "").partition("/")
+        if sep and is_valid_node_name(node) and re.fullmatch(ID_PATTERN, ingest_id):
+            return excluded, node, ingest_id
+    return None
+
+
+def _back_to(profile: str, offset: str) -> str:
+    """The profile page the form was on (its page of observations), at the list."""
+    query = f"?observations={offset}" if offset.isascii() and offset.isdigit() and offset != "0" else ""
+    return f"/profiles/{urllib.parse.quote(profile, safe='')}{query}#observations"
+
+
+@router.post("/profiles/{profile}/observations")
+async def exclude_or_include(
+    request: Request, store: StoreDep, settings: SettingsDep, profile: str, oomguard_session: SessionCookie = None
+) -> Response:
+    """Exclude an observation of *profile* from what the fleet learns, or include it again (the
+    profile page's buttons): the admin token typed in the form, the form's token, our own Origin;
+    303 back to the page; a page with one line for a refusal (403), no choice (400) or no such
+    observation (404)."""
+    if not is_valid_profile_name(profile):
+        return render(request, "missing.html", http_status=404, name=profile[:128], what="profile")
+    field = await form_fields(request)
+    expected = observation_token(oomguard_session, profile)
+    if not same_origin(request) or not hmac.compare_digest(field.get("csrf", "").encode(), expected.encode()):
+        return _refusal(CROSS_SITE_PROFILE)
+    if settings.admin_token is None:
+        return _refusal(NO_EXCLUDING)
+    if not admin_ok(request, field.get("token", "").strip()):
+        return _refusal("That admin token is not valid.")
+    chosen = chosen_observation(field)
+    if chosen is None:
+        return page("error.html", 400, title="Bad request", message=NO_CHOICE, fragment=False)
+    excluded, node, ingest_id = chosen
+    if not await db_write(request, store.set_excluded(node, ingest_id, excluded, profile)):
+        return page("error.html", 404, title="Not found", message=GONE, fragment=False)
+    return RedirectResponse(_back_to(profile, field.get("observations", "0")), status_code=303)

@@ -1,6 +1,7 @@
 """The dashboard's routes: the overview (``/``), a node's page, login and logout, and the error
 pages (HTML for browsers, JSON for API clients). What every page shares (the viewer guard, the
-templates) is in ``pages``; forgetting a node is in ``forget``.
+templates) is in ``pages``; the dashboard's writes (forgetting a node, excluding an observation)
+are in ``forget``.
 
 ``POST /logout`` revokes the session; ``GET /logout`` asks for that POST.
 
@@ -27,7 +28,7 @@ from oomguard.manager.reportschema import conform_report
 from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS
 from oomguard.manager.web.chart import RANGES, memory_chart, profile_chart
 from oomguard.manager.web.deps import SettingsDep, StoreDep, client_of, db_read, token_ok
-from oomguard.manager.web.forget import NOTICE
+from oomguard.manager.web.forget import NOTICE, observation_token
 from oomguard.manager.web.formatting import ALERTS_PAGE, ALERTS_SHOWN
 from oomguard.manager.web.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
 from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
@@ -180,15 +181,34 @@ async def profiles_page(request: Request, store: StoreDep) -> Response:
 
 
 @fleet_pages.get("/profiles/{profile}", response_class=HTMLResponse)
-async def profile_page(request: Request, store: StoreDep, profile: str) -> Response:
+async def profile_page(
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    profile: str,
+    *,
+    observations: str = "0",
+    oomguard_session: SessionCookie = None,
+) -> Response:
     """What the fleet learned of *profile* (``store/profiles.py``): declared against observed, the
-    recommendation per class of node, its OOM kills and pressure stops, and what applying it changes."""
-    view = await db_read(request, store.profile_view, profile) if is_valid_profile_name(profile) else None
+    recommendation per class of node, its OOM kills and pressure stops, what applying it changes,
+    and its observations (a page from ``?observations=``, an offset), each with an Exclude or
+    Include button for the operator (``forget.exclude_or_include``)."""
+    offset = _offset(observations)
+    view = await db_read(request, store.profile_view, profile, offset) if is_valid_profile_name(profile) else None
     if view is None:
         return render(request, "missing.html", http_status=404, name=profile[:128], what="profile")
     recommended = view["fleet"].per_job_bytes
     chart = Markup(profile_chart(view["samples"], view["declared_per_job_bytes"], recommended, time.time()))
-    return render(request, "profile.html", view=view, chart=chart, window_days=WINDOW_MS // 86_400_000)
+    return render(
+        request,
+        "profile.html",
+        view=view,
+        chart=chart,
+        window_days=WINDOW_MS // 86_400_000,
+        can_exclude=settings.admin_token is not None,
+        token=observation_token(oomguard_session, profile),
+    )
 
 
 ERROR_WORDS = {
