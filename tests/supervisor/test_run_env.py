@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from oomguard.supervisor.config import SECRET_VARIABLES, is_secret_variable, worker_environ
+from oomguard.supervisor.config import (
+    SECRET_VARIABLES,
+    SECRET_WORDS,
+    WORKER_VARIABLES,
+    is_secret_variable,
+    worker_environ,
+)
 from tests.conftest import REPO, run_oomguard
 from tests.helpers.agent_fake import FakeManager, running_manager
 
@@ -23,12 +29,25 @@ SECRETS = {
     "OOMGUARD_FLEET_SECRETS": "fleet-secret-5,fleet-secret-6",
     "OOMGUARD_SOMETHING_NEW_KEY": "key-secret-7",  # one added later, caught by the rule
     "OOMGUARD_DB_PASSWORD": "db-secret-8",
+    # issue 37: a secret's word anywhere in the name, in any case
+    "OOMGUARD_Secret": "mixed-case-secret-9",
+    "oomguard_agent_token": "lower-case-secret-10",
+    "OOMGUARD_CREDENTIALS": "credentials-secret-11",
+    "OOMGUARD_AUTH_HEADER": "auth-secret-12",
+    "OOMGUARD_TOKEN_FOR_X": "token-secret-13",
+    "OOMGUARD_PASSWORD_OLD": "password-secret-14",
+    "OOMGUARD_API_KEYS": "keys-secret-15",
+    "Oomguard_Basic_Auth": "auth-secret-16",
+    "OOMGUARD_AGENT_TOKEN_FILE": "/run/secrets/agent-token",  # the way to the token: none of the worker's business
 }
 KEPT = {
-    "OOMGUARD_AGENT_TOKEN_FILE": "/run/secrets/agent-token",  # a path, not a secret
     "OOMGUARD_LABELS": "zone=eu1",
     "OOMGUARD_SPOOL": "/var/lib/oomguard/spool",
+    "OOMGUARD_NODE_CLASS": "h200",
     "MY_APP_TOKEN": "the-worker-s-own",  # not oomguard's: the worker's business
+    "HF_TOKEN": "the-worker-s-own-2",
+    "AWS_SECRET_ACCESS_KEY": "the-worker-s-own-3",
+    "my_oomguard_secret": "the-worker-s-own-4",  # oomguard's are OOMGUARD_*, not *OOMGUARD*
 }
 PRINT_ENV = "import json, os; print(json.dumps(dict(os.environ)))"
 
@@ -58,6 +77,16 @@ def test_the_worker_gets_no_secret_of_oomguard_and_everything_else() -> None:
     assert env["OOMGUARD_BUDGET"] == "1GiB" and env["OOMGUARD_BUDGET_BYTES"] == str(1 << 30)
 
 
+def test_the_variables_oomguard_gives_its_worker_are_never_secrets() -> None:
+    """Every OOMGUARD_* variable ``run`` sets for its worker reaches it (plan flags: all of them),
+    and none of them is one the scrub drops (``WORKER_VARIABLES``)."""
+    env = _worker_env("--per-job", "64MiB", "--max-jobs", "2", env={**SECRETS, **KEPT})
+    _no_secret_in(env)
+    given = {name for name in env if name.startswith("OOMGUARD_")} - set(KEPT)
+    assert given == WORKER_VARIABLES, given
+    assert not any(is_secret_variable(name) for name in WORKER_VARIABLES)
+
+
 def test_run_manager_still_speaks_with_the_token_its_worker_never_sees(tmp_path: Path) -> None:
     """The token reaches the manager in run's events, and not the worker."""
     manager: FakeManager
@@ -71,7 +100,8 @@ def test_run_manager_still_speaks_with_the_token_its_worker_never_sees(tmp_path:
 
 def test_every_secret_variable_named_in_the_source_is_one() -> None:
     """A token or secret variable added anywhere (the manager's too) is kept from the worker."""
-    pattern = re.compile(r"\bOOMGUARD_[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|KEY)S?\b")
+    words = "|".join(SECRET_WORDS)
+    pattern = re.compile(rf"\bOOMGUARD_\w*(?:{words})\w*\b", re.IGNORECASE)
     found = {m for path in (REPO / "src" / "oomguard").rglob("*.py") for m in pattern.findall(path.read_text())}
     assert {"OOMGUARD_AGENT_TOKEN", "OOMGUARD_VIEWER_TOKEN", "OOMGUARD_ADMIN_TOKEN"} <= found
     assert all(is_secret_variable(name) for name in found | SECRET_VARIABLES), found
@@ -84,13 +114,38 @@ def test_every_secret_variable_named_in_the_source_is_one() -> None:
         ("OOMGUARD_X_TOKENS", True),
         ("OOMGUARD_X_SECRET", True),
         ("OOMGUARD_X_KEY", True),
-        ("OOMGUARD_AGENT_TOKEN_FILE", False),
         ("OOMGUARD_BUDGET", False),
-        ("OOMGUARD_KEYBOARD", False),
+        ("OOMGUARD_BUDGET_BYTES", False),
+        ("OOMGUARD_JOBS_BUDGET_BYTES", False),
+        ("OOMGUARD_LABELS", False),
         ("AGENT_TOKEN", False),
-        ("oomguard_agent_token", False),
+        ("HF_TOKEN", False),
+        ("MY_OOMGUARD_SECRET", False),
+        # issue 37: in any case, a secret's word anywhere in an OOMGUARD_* name
+        ("OOMGUARD_Secret", True),
+        ("oomguard_agent_token", True),
+        ("Oomguard_Token", True),
+        ("OOMGUARD_CREDENTIALS", True),
+        ("OOMGUARD_GCP_CREDENTIAL_FILE", True),
+        ("OOMGUARD_AUTH", True),
+        ("OOMGUARD_BASIC_AUTH_USER", True),
+        ("OOMGUARD_AUTHORIZATION", True),
+        ("OOMGUARD_TOKEN_X", True),
+        ("OOMGUARD_PASSWORD_FILE", True),
+        ("OOMGUARD_DB_PASSWD", True),
+        ("OOMGUARD_KEY_PASSPHRASE", True),
+        ("OOMGUARD_SESSION_COOKIE", True),
+        ("OOMGUARD_AGENT_TOKEN_FILE", True),  # the way to the token
+        ("OOMGUARD_KEYBOARD", True),  # a false alarm costs the worker a variable of oomguard's, no more
     ],
 )
 def test_the_rule(name: str, secret: bool) -> None:
     assert is_secret_variable(name) is secret
     assert (name in worker_environ({name: "x", "PATH": "/bin"})) is not secret
+
+
+def test_run_help_names_every_secret_word() -> None:
+    from oomguard.commands.run import EPILOG
+
+    text = " ".join(EPILOG.split())
+    assert all(word in text for word in SECRET_WORDS), text

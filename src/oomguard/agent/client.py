@@ -80,28 +80,73 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
+SHAPE = "http://HOST[:PORT][/PATH] or https://..."
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")  # urlsplit lower-cases the host
+
+
+def _visible_ascii(text: str) -> bool:
+    """Only the characters ``!`` to ``~``: no space, no control, nothing beyond ASCII."""
+    return all("!" <= c <= "~" for c in text)
+
+
+def _host_problem(parts: urllib.parse.SplitResult) -> str | None:
+    """Why the URL's host cannot be connected to as written, or None. A name is dot-separated
+    labels of 1-63 letters, digits, ``-`` or ``_`` (253 characters at most; the ``idna`` codec that
+    ``socket`` encodes a host with raises ``UnicodeError`` for an empty label or a longer one); an
+    IP version 6 address is in brackets. ``%`` escapes (``http://%00/``) are no host's."""
+    host = parts.hostname or ""
+    if "[" in parts.netloc:
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "the URL's host in brackets must be an IPv6 address"
+        return None
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(0 < len(label) <= 63 and set(label) <= _HOST_CHARS for label in name.split(".")):
+        return (
+            "the URL's host must be a name (dot-separated labels of 1-63 letters, digits, '-' or '_') or an IP address"
+        )
+    return None
+
+
 def check_manager(manager: str) -> str:
-    """The manager's base URL without trailing slashes; ``BadParameter("manager")``
-    unless it is an http(s) URL with a host and no query or fragment."""
+    """The manager's base URL without trailing slashes; ``BadParameter("manager")``, one line,
+    unless it is an http(s) URL of visible ASCII (percent-encode the path, punycode the host)
+    with a host that can be connected to, and no user, query or fragment."""
     base = manager.strip().rstrip("/")
+    if not _visible_ascii(base):
+        why = "no spaces, control or non-ASCII characters: percent-encode them, punycode a host"
+        raise BadParameter("manager", f"the URL must be visible ASCII ({why}), got {manager!r}")
     try:
         parts = urllib.parse.urlsplit(base)
-        _ = parts.port  # raises ValueError for a port that is not a number
+        _ = parts.port  # raises ValueError for a port that is not a number, or out of range
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadParameter("manager", f"the URL must be http://HOST[:PORT][/PATH] or https://..., got {manager!r}")
+        raise BadParameter("manager", f"the URL must be {SHAPE}, got {manager!r}")
     if parts.query or parts.fragment:
         raise BadParameter("manager", f"the URL must not have a query or fragment, got {manager!r}")
+    if parts.username is not None or parts.password is not None:
+        raise BadParameter("manager", "the URL must not carry a user or password (the manager takes a bearer token)")
+    problem = _host_problem(parts)
+    if problem is not None:
+        raise BadParameter("manager", f"{problem}, got {manager!r}")
     return base
 
 
+TOKEN_RULE = "only visible ASCII characters, no spaces (what an HTTP header carries and the manager accepts)"
+
+
 def check_token(token: str) -> str:
-    """*token* without surrounding white space; ``BadParameter("token")`` when it holds
-    spaces or control characters (it could not travel in a header)."""
+    """*token* without surrounding white space; ``BadParameter("token")`` unless it is visible
+    ASCII (``!`` to ``~``), as the manager's own rule (``manager/settings.py``): a header carries
+    Latin-1 at most (``http.client`` raises ``UnicodeEncodeError`` beyond), and a space or a
+    control character could not travel in one. The message never repeats the token."""
     token = token.strip()
-    if any(c.isspace() or not c.isprintable() for c in token):
-        raise BadParameter("token", "must not contain spaces or control characters")
+    if not _visible_ascii(token):
+        raise BadParameter("token", f"must hold {TOKEN_RULE}")
     return token
 
 
@@ -214,5 +259,6 @@ class Client:
             return Outcome("ok", status)
         except urllib.error.HTTPError as e:
             return http_outcome(e)
-        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
+        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException, UnicodeError) as e:
+            # UnicodeError: the idna codec on a host ``check_manager`` let through; a value, never a dead thread
             return Outcome("retry", None, network_why(e))

@@ -13,6 +13,7 @@ Standard library only: this runs on every node.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import tempfile
@@ -85,8 +86,8 @@ def ask(
             data = resp.read(MAX_ANSWER + 1)
     except urllib.error.HTTPError as exc:
         return None, http_outcome(exc).why
-    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
-        return None, network_why(exc)
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError, http.client.HTTPException) as exc:
+        return None, network_why(exc)  # ValueError: UnicodeError (idna) too; HTTPException: InvalidURL
     if len(data) > MAX_ANSWER:
         return None, f"the answer is over {MAX_ANSWER} bytes"
     try:

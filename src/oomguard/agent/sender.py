@@ -219,7 +219,7 @@ class Sender:
             self.trouble.count("item(s) refused and not kept (spool not writable)")
             kept = f"the {what} is not kept (the spool cannot be written)"
         if outcome.kind == "token":
-            line = f"token refused by the manager ({outcome.why}): check --token or OOMGUARD_AGENT_TOKEN"
+            line = f"token refused by the manager ({outcome.why}): check --token, --token-file or OOMGUARD_AGENT_TOKEN"
         elif outcome.kind == "url":
             line = f"wrong manager URL: {self.client.manager} answered {outcome.why}: check --manager"
         else:

@@ -40,13 +40,14 @@ LABEL_HELP = (
 
 
 def add_fleet_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
-    """--manager, --token, --node, --label, --spool: for ``agent`` (the command's own) or ``run --manager``."""
+    """--manager, --token, --token-file, --node, --label, --spool: for ``agent`` (the command's own) or
+    ``run --manager``."""
     group = parser.add_argument_group("fleet manager options")
     if run:
         flags.option(
             group, "--manager", "also send events to the fleet manager at URL (spooled when it is down)", "URL"
         )
-        flags.option(group, "--token", "bearer token for --manager (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
+        flags.add_token(group, "bearer token for --manager")
         flags.option(
             group, "--node", "node name for --manager (default: VAST_CONTAINERLABEL, then the hostname)", "NAME"
         )
@@ -57,7 +58,7 @@ def add_fleet_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
         flags.option(group, "--spool", f"spool directory for --manager (default: {SPOOL_DEFAULT})", "DIR")
         return
     flags.option(group, "--manager", "the manager's base URL, e.g. http://manager:8080", "URL")
-    flags.option(group, "--token", "agent bearer token (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
+    flags.add_token(group, "agent bearer token")
     flags.option(group, "--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME")
     flags.option(group, "--label", LABEL_HELP, "KEY=VALUE", action="append")
     flags.option(group, "--node-class", NODE_CLASS_HELP, "CLASS")
@@ -117,7 +118,7 @@ def _consumer_options(parser: argparse.ArgumentParser) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
-        "%(prog)s --manager URL [--token T] [--node NAME] [--label KEY=VALUE]... [--interval 30s] "
+        "%(prog)s --manager URL [--token-file FILE] [--node NAME] [--label KEY=VALUE]... [--interval 30s] "
         "[--once [--max-time DURATION]] [--spool DIR] [--gate STEP [--gate-exit N] [--gate-message TEXT]] "
         "[--cuzk-status URL]"
     )
@@ -132,7 +133,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _token(args: argparse.Namespace) -> str:
-    return flags.value(args, "token") or os.environ.get("OOMGUARD_AGENT_TOKEN", "")
+    """The token, checked (``flags.token_from``: --token, --token-file, then OOMGUARD_AGENT_TOKEN)."""
+    return flags.token_from(args)
 
 
 def _node(args: argparse.Namespace) -> str:
@@ -177,6 +179,7 @@ def execute(args: argparse.Namespace) -> int:
 
     if not args.manager:
         raise UsageError("agent: --manager URL is required (see 'oomguard agent --help')")
+    token = _token(args)  # a usage error before anything is probed
     interval = parse_duration(args.interval or "30s", "--interval")
     max_time = parse_duration(args.max_time, "--max-time") if args.max_time is not None else None
     shape = flags.shape_from(args, required=False)
@@ -193,7 +196,7 @@ def execute(args: argparse.Namespace) -> int:
 
     return run_agent(
         manager=args.manager,
-        token=_token(args),
+        token=token,
         node=_node(args),
         interval=interval,
         once=args.once,

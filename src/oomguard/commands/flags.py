@@ -136,10 +136,87 @@ def add_shape(parser: argparse.ArgumentParser) -> None:
     option(group, "--cpus-per-job", "CPUs each job needs (no CPU constraint without it)", "N")
 
 
+# The agent's bearer token: --token, --token-file or the variable (``token_from``).
+TOKEN_VARIABLE = "OOMGUARD_AGENT_TOKEN"
+TOKEN_FILE_MAX = 16 << 10  # a bearer token is at most a few hundred bytes; a header, some KiB
+TOKEN_PRECEDENCE = f"--token or --token-file (not both) beats {TOKEN_VARIABLE}"  # said in --help and docs/agent.md
+
+
+def add_token(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
+    """``--token TOKEN`` and ``--token-file FILE``; *what* says what the token is for."""
+    option(
+        parser,
+        "--token",
+        f"{what} (or {TOKEN_VARIABLE}); on the command line it is visible to other users of the host "
+        "(ps, /proc/PID/cmdline): prefer --token-file or the variable",
+        "TOKEN",
+    )
+    option(
+        parser,
+        "--token-file",
+        f"read the token from FILE, e.g. a mounted secret (white space around it stripped: a trailing newline "
+        f"is fine); {TOKEN_PRECEDENCE}",
+        "FILE",
+    )
+
+
+def _shown(path: str) -> str:
+    """*path* as an error line shows it: quoted when it holds a newline or another unprintable character."""
+    return path if path.isprintable() else repr(path)
+
+
+def _token_file(path: str) -> str:
+    """The text of the token file *path* (``sources.files.read_bounded``: a regular file, at most
+    ``TOKEN_FILE_MAX``); ``UsageError`` when it cannot be read or holds nothing but white space."""
+    from oomguard.sources.files import read_bounded
+
+    try:
+        data = read_bounded(path, TOKEN_FILE_MAX)
+    except OSError as exc:
+        raise UsageError(f"--token-file: cannot read {_shown(path)}: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL byte in the path
+        raise UsageError(f"--token-file: cannot read {path!r}: a path holds no NUL byte") from None
+    text = data.decode("utf-8", "replace")  # a byte that is not UTF-8 fails the token's check, and says so
+    if not text.strip():
+        raise UsageError(f"--token-file: {_shown(path)} is empty")
+    return text
+
+
+def token_from(args: argparse.Namespace) -> str:
+    """The agent's bearer token, checked (``agent.client.check_token``: visible ASCII, what the
+    manager accepts), or "" for none: ``--token``, else the content of ``--token-file``, else
+    ``OOMGUARD_AGENT_TOKEN``. ``UsageError`` naming where it came from (never the token itself),
+    for both flags given, and for a token file that cannot be read or is empty. Read once per
+    *args* (``run`` asks for it for --learned and for its events)."""
+    import os
+
+    from oomguard.agent.client import check_token
+    from oomguard.errors import BadParameter
+
+    cached = getattr(args, "_token_checked", None)
+    if isinstance(cached, str):
+        return cached
+    given, path = value(args, "token"), value(args, "token_file")
+    if given is not None and path is not None:
+        raise UsageError("--token and --token-file: give one of them (--token-file keeps the token out of ps)")
+    if given is not None:
+        where, text = "--token", given
+    elif path is not None:
+        where, text = f"--token-file {_shown(path)}", _token_file(path)
+    else:
+        where, text = TOKEN_VARIABLE, os.environ.get(TOKEN_VARIABLE, "")
+    try:
+        token = check_token(text)
+    except BadParameter as exc:
+        raise UsageError(f"{where}: the token {exc.message}") from None
+    args._token_checked = token
+    return token
+
+
 # The flag that feeds each API parameter whose name does not simply become --name-with-dashes.
 FLAG_OF_PARAM = {
     "mode": "--restart",  # RestartPolicy(mode)
-    "token": "--token (or OOMGUARD_AGENT_TOKEN)",
+    "token": f"--token (or --token-file, {TOKEN_VARIABLE})",
 }
 
 

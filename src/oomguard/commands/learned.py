@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 Learner = Callable[["Shape", "Report"], "tuple[Shape, dict[str, Any]]"]
 LEARNED_HELP = (
-    "plan the profile's jobs at the size the fleet manager learned (--manager, --token, --node); when the "
+    "plan the profile's jobs at the size the fleet manager learned (--manager, --token-file, --node); when the "
     "manager cannot answer, the answer kept in --spool from before, else the declared size. Never below the "
     "declared size (raise-only) and never above this node's ceiling; said in the plan, or run's start event"
 )
@@ -38,7 +38,7 @@ def add_learned(parser: argparse.ArgumentParser, *, fleet: bool) -> None:
         from oomguard.commands.agent import SPOOL_DEFAULT
 
         flags.option(group, "--manager", "the fleet manager's base URL, for --learned", "URL")
-        flags.option(group, "--token", "bearer token for --manager (or OOMGUARD_AGENT_TOKEN)", "TOKEN")
+        flags.add_token(group, "bearer token for --manager")
         from oomguard.commands.agent import NODE_CLASS_HELP
 
         flags.option(group, "--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME")
@@ -56,14 +56,15 @@ def learner(args: argparse.Namespace, shape: Shape | None) -> Learner | None:
     manager = flags.value(args, "manager")
     if manager is None:
         raise UsageError("--learned needs --manager URL")
-    from oomguard.agent.client import check_manager, check_token
+    from oomguard.agent.client import check_manager
     from oomguard.commands.agent import _labels, _node, _spool, _token
     from oomguard.labels import CLASS_LABEL
 
     try:
-        manager, token = check_manager(manager), check_token(_token(args))
+        manager = check_manager(manager)
     except BadParameter as exc:
         raise UsageError(flags.flag_message(exc)) from None
+    token = _token(args)  # checked; UsageError naming --token, --token-file or the variable
     node, spool, may_lower = _node(args), _spool(args), bool(args.learned_may_lower)
     node_class = _labels(args).get(CLASS_LABEL)  # the operator's; None: the one the manager knows
 

@@ -94,7 +94,7 @@ def execute(args: argparse.Namespace) -> int:
 
     learn = learner(args, shape)
     if learn is None:  # plan's manager options serve --learned only
-        flags.needs(args, "--learned", ("--manager", "--token", "--node", "--node-class", "--spool"))
+        flags.needs(args, "--learned", ("--manager", "--token", "--token-file", "--node", "--node-class", "--spool"))
     report = flags.probe_from(args)
     learned = None
     if learn is not None:

@@ -30,9 +30,9 @@ SUMMARY = (
 EPILOG = (
     f"Exit status: the worker's (128 + signal when it was killed); {EXIT_THRESHOLD} when the budget cannot "
     f"work (0, or below the plan's baseline + one job); {EXIT_NOT_FOUND} when CMD cannot be run.\n"
-    "The worker inherits this environment without oomguard's secrets: OOMGUARD_AGENT_TOKEN, "
-    "OOMGUARD_VIEWER_TOKEN, OOMGUARD_ADMIN_TOKEN, OOMGUARD_FLEET_SECRET(S) and any OOMGUARD_*_TOKEN, "
-    "_SECRET, _PASSWORD or _KEY variable are removed (docs/run.md).\n" + flags.DURATIONS + "\n" + flags.SIZES
+    "The worker inherits this environment without oomguard's secrets: every OOMGUARD_* variable (in any "
+    "case) whose name holds TOKEN, SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL, AUTH, KEY or COOKIE is removed "
+    "(OOMGUARD_AGENT_TOKEN, OOMGUARD_FLEET_SECRETS, ...; docs/run.md).\n" + flags.DURATIONS + "\n" + flags.SIZES
 )
 ON_OOM = ("concurrency", "margin")
 
@@ -185,6 +185,12 @@ def execute(args: argparse.Namespace) -> int:
 
     if not args.cuzk:
         flags.needs(args, "--cuzk", ("--cuzk-out",))
+    manager = flags.value(args, "manager")
+    if manager is not None:  # what cannot be sent is a usage error now, not a dead sender thread later
+        from oomguard.agent.client import check_manager
+
+        check_manager(manager)  # BadParameter: "--manager: ..."
+        flags.token_from(args)
     min_conc = flags.parse_count(args.min_concurrency, "--min-concurrency") if args.min_concurrency else 1
     shape = flags.shape_from(args, required=False)
     config = RunConfig(

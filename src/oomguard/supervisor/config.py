@@ -35,8 +35,9 @@ pass through unchanged: shell parameters (``${HOME}``, ``${x}``), f-string field
 The worker inherits ``run``'s environment except oomguard's own secrets (``is_secret_variable``):
 ``OOMGUARD_AGENT_TOKEN`` (which ``run --manager`` itself reads), the manager's
 ``OOMGUARD_VIEWER_TOKEN`` and ``OOMGUARD_ADMIN_TOKEN``, the fleet secrets, and any ``OOMGUARD_*``
-variable whose name ends in ``_TOKEN``, ``_TOKENS``, ``_SECRET``, ``_SECRETS``, ``_PASSWORD`` or
-``_KEY``: a worker never holds a credential to speak for its node, or for another.
+variable, in any case, whose name holds TOKEN, SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL,
+AUTH, KEY or COOKIE (``SECRET_WORDS``): a worker never holds a credential to speak for its node, or
+for another. The variables above, which oomguard sets itself, are always the worker's.
 """
 
 from __future__ import annotations
@@ -124,16 +125,29 @@ SECRET_VARIABLES = frozenset(
         "OOMGUARD_FLEET_SECRETS",  # the same, several during a rollover
     }
 )
-_SECRET_ENDINGS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "KEY")
+# A word that, anywhere in an OOMGUARD_* name (in any case), makes it a secret's: CREDENTIAL holds
+# CREDENTIALS, KEY holds API_KEY and KEYS, AUTH holds AUTHORIZATION. Better a variable of
+# oomguard's kept from the worker for nothing than a secret handed to it.
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "AUTH", "KEY", "COOKIE")
+# What oomguard itself gives the worker (``worker_env_and_args``): never taken for a secret.
+WORKER_VARIABLES = frozenset(
+    {"OOMGUARD_BUDGET_BYTES", "OOMGUARD_BUDGET", "OOMGUARD_TOTAL_BUDGET_BYTES", "OOMGUARD_CONCURRENCY"}
+    | {"OOMGUARD_" + name.upper() for name in WITH_PLAN[1:]}
+)
 
 
 def is_secret_variable(name: str) -> bool:
-    """True for a variable of oomguard's that holds a secret: one of ``SECRET_VARIABLES``, or an
-    ``OOMGUARD_*`` name whose last word is one of ``_SECRET_ENDINGS`` (``OOMGUARD_AGENT_TOKEN_FILE``
-    names a file, not a secret, and is kept)."""
-    if name in SECRET_VARIABLES:
+    """True for a variable of oomguard's that holds, or leads to, a secret: one of
+    ``SECRET_VARIABLES``, or a name that starts with ``OOMGUARD_`` and holds one of ``SECRET_WORDS``,
+    both in any case (``OOMGUARD_Secret``, ``oomguard_agent_token``, ``OOMGUARD_AGENT_TOKEN_FILE``:
+    the path to the token is none of the worker's business either). ``WORKER_VARIABLES`` never are;
+    other names (``HF_TOKEN``, ``MY_APP_PASSWORD``) are the worker's own and never are either."""
+    upper = name.upper()
+    if upper in WORKER_VARIABLES:
+        return False
+    if upper in SECRET_VARIABLES:
         return True
-    return name.startswith("OOMGUARD_") and name.rsplit("_", 1)[-1] in _SECRET_ENDINGS
+    return upper.startswith("OOMGUARD_") and any(word in upper for word in SECRET_WORDS)
 
 
 def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
