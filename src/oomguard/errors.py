@@ -38,7 +38,10 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
         "check --require, plan --require-jobs, run: an explicit budget above the hard ceiling, "
         "without --allow-over-limit; verify: the plan fits no job)",
     ),
-    (EXIT_VERIFY_FAILED, "verification failed (verify: an OOM kill or a failed allocation)"),
+    (
+        EXIT_VERIFY_FAILED,
+        "verification failed (verify: an OOM kill, a failed allocation or a child that could not start)",
+    ),
     (
         EXIT_REJECTED,
         "agent --once: the manager rejected the report (422 or another 4xx); it is in rejected/",

@@ -206,5 +206,8 @@ def test_verify_a_plan_and_a_fraction(group: Group) -> None:
     assert rc == 0, out
     # budget 768 MiB: (768 - 64) / 128 = 5 jobs; half of 64 + 5 x 128 MiB
     assert out["plan"]["concurrency"] == 5
-    assert len(out["children"]) == 6
+    # 6 shares (the baseline and 5 jobs) over at most --children processes (default: the CPUs, up to 8)
+    assert len(out["children"]) == min(6, out["children_limit"])
+    assert (out["jobs"], out["jobs_touched"]) == (5, 5)
+    assert sum(c["baseline_bytes"] for c in out["children"]) == 32 * MiB
     assert out["target_bytes"] == (64 + 5 * 128) * MiB // 2

@@ -7,6 +7,7 @@ import sys
 
 from oomguard.commands import flags
 from oomguard.errors import EXIT_OK, EXIT_THRESHOLD, EXIT_VERIFY_FAILED, UsageError
+from oomguard.verify.shares import DEFAULT_CHILDREN, MAX_CHILDREN
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -15,9 +16,17 @@ if TYPE_CHECKING:
 
 SUMMARY = (
     "Prove the machine delivers the plan: allocate and touch baseline + jobs x per-job memory "
-    "(or the whole budget) in child processes, hold it, and report peak, fault-in speed and OOM kills."
+    "(or the whole budget) in at most --children child processes, hold it, and report peak, "
+    "fault-in speed and OOM kills."
 )
-USAGE = "%(prog)s [--json] [shape options] [budget options] [--fraction F] [--hold SECONDS]"
+USAGE = "%(prog)s [--json] [shape options] [budget options] [--fraction F] [--hold SECONDS] [--children N]"
+# --children: the default is the CPUs verify may use, at most 8 (verify/shares.py says why:
+# faulting pages in is CPU work, each child is a ~10 MiB interpreter and a PID); the cap keeps
+# a typo from becoming the fork bomb of issue #37 (one child per job: 1,364 children, +5.3 GB).
+CHILDREN_HELP = (
+    "allocate in at most N child processes, 1..{cap}, each holding several jobs' memory "
+    "(default: the CPUs verify may use, at most {default})"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -25,12 +34,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = SUMMARY
     parser.epilog = (
         f"Exit {EXIT_OK} when the memory was delivered, {EXIT_VERIFY_FAILED} when not "
-        f"(an OOM kill or a failed allocation), {EXIT_THRESHOLD} when the plan fits no job (nothing is allocated).\n"
-        + flags.SIZES
+        f"(an OOM kill, a failed allocation or a child that could not start), "
+        f"{EXIT_THRESHOLD} when the plan fits no job (nothing is allocated).\n" + flags.SIZES
     )
     flags.add_json(parser)
     flags.option(parser, "--fraction", "verify only this part of the target, 0 < F <= 1 (default 1)", "F")
     flags.option(parser, "--hold", "how long to hold the memory once touched: a duration (default 3s)", "SECONDS")
+    flags.option(parser, "--children", CHILDREN_HELP.format(cap=MAX_CHILDREN, default=DEFAULT_CHILDREN), "N")
     flags.add_shape(parser)
     flags.add_budget(parser)
     flags.add_gpu(parser)
@@ -46,6 +56,14 @@ def _refuse_an_empty_plan(report: Report, shape: Shape) -> None:
         raise ThresholdError(f"verify: the plan fits 0 jobs ({plan['explanation']}): nothing to verify")
 
 
+def parse_children(text: str) -> int:
+    """--children N: a whole number from 1 to ``MAX_CHILDREN``; ``UsageError`` (exit 2) otherwise."""
+    n = flags.parse_count(text, "--children")
+    if not 1 <= n <= MAX_CHILDREN:
+        raise UsageError(f"--children: must be from 1 to {MAX_CHILDREN}, got {text!r}")
+    return n
+
+
 def execute(args: argparse.Namespace) -> int:
     from oomguard.units import parse_duration
     from oomguard.verify.runner import format_verify, verify
@@ -54,11 +72,12 @@ def execute(args: argparse.Namespace) -> int:
     if fraction > 1:
         raise UsageError(f"--fraction: must be at most 1, got {args.fraction!r}")
     hold = parse_duration(args.hold, "--hold") if args.hold is not None else 3.0
+    children = parse_children(args.children) if args.children is not None else None
     shape = flags.shape_from(args, required=False)
     report = flags.probe_from(args)
     if shape is not None:
         _refuse_an_empty_plan(report, shape)
-    result = verify(report, shape, fraction=fraction, hold=hold)
+    result = verify(report, shape, fraction=fraction, hold=hold, children=children)
     if args.json:
         from oomguard.commands.render import to_json
 

@@ -1,19 +1,20 @@
 """``oomguard verify``: prove the machine delivers the planned memory, without risking the caller.
 
 The target (baseline + concurrency x per-job from a plan, or the whole budget) times
-``fraction`` is split over child processes (one per job plus one for the baseline, or
-one per CPU up to 8 for a bare budget). Each child raises its oom_score_adj to 1000,
-maps and writes its share, reports, and holds it until every child has reported and
-``hold`` seconds have passed. A child that dies of SIGKILL while the memory cgroup's
-oom_kill counter rose, and no process outside verify's own tree left the group meanwhile,
-was OOM-killed (``supervisor/exits.py`` and ``supervisor/members.py``, as for ``run``). The
-parent allocates nothing large, and reads /proc and /sys only through a ``Root``. Progress
-goes to stderr (``verify/progress.py``).
+``fraction`` is made of shares (the baseline and one per job, or slices of the budget), spread
+over at most ``children`` child processes (``--children``, by default the CPUs up to 8:
+``verify/shares.py``); each child allocates several shares as one mapping. Each child raises
+its oom_score_adj to 1000, maps and writes its shares, reports, and holds them until every child
+has reported and ``hold`` seconds have passed. A child that dies of SIGKILL while the memory
+cgroup's oom_kill counter rose, and no process outside verify's own tree left the group
+meanwhile, was OOM-killed (``supervisor/exits.py`` and ``supervisor/members.py``, as for
+``run``). The parent allocates nothing large, and reads /proc and /sys only through a ``Root``.
+Progress goes to stderr (``verify/progress.py``).
 
 What it measures, each number once and named for what it is:
 
-- ``touched_bytes``: the children that wrote every page of their share (the progress summary
-  says the same figure);
+- ``touched_bytes``: the children that wrote every page of their shares (the progress summary
+  says the same figure); ``jobs_touched`` the planned jobs among those shares, of ``jobs``;
 - ``group_peak_bytes``: the peak usage of verify's memory cgroup while verify ran
   (``GroupPeak``): the group's own peak counter where verify moved it, v2 ``memory.peak`` ("The
   max memory usage recorded for the cgroup and its descendants", cgroup-v2.rst 5-2-1), v1
@@ -35,8 +36,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from oomguard.errors import BudgetUnknownError
-from oomguard.policy.plan import Shape, make_plan
+from oomguard.errors import VerifyFailedError
+from oomguard.policy.plan import Shape
 from oomguard.probes.counters import read_oom_kills, read_peak, read_peak_rss, read_usage
 from oomguard.sources.root import LiveRoot, Root
 from oomguard.supervisor.exits import CLEAN, EXIT, OOM_KILL, SIGNAL, Evidence, classify, evidence, exit_fields
@@ -45,31 +46,15 @@ from oomguard.units import format_size
 from oomguard.verify._alloc import EXIT_ALLOC_FAILED
 from oomguard.verify.launch import start_child
 from oomguard.verify.progress import Progress, collect
+from oomguard.verify.shares import Load, default_children, plan_loads
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from oomguard._types import Plan, Report
 
-MAX_BUDGET_CHILDREN = 8
 # A child's outcome: the exit classifier's reason, in verify's words; plus "allocation-failed"
 # for a child that exits with the child protocol's EXIT_ALLOC_FAILED.
 OUTCOMES = {CLEAN: "ok", EXIT: "exit", SIGNAL: "signal", OOM_KILL: "oom-kill"}
-
-
-def split_target(report: Report, shape: Shape | None, fraction: float) -> tuple[list[int], Plan | None]:
-    """The byte count of each child, and the plan when a shape was given."""
-    budget = report["budget"]["bytes"]
-    if budget is None:
-        raise BudgetUnknownError("verify")
-    plan = None
-    if shape is not None:
-        plan = make_plan(report, shape)
-        sizes = [shape.baseline] + [shape.per_job] * plan["concurrency"]
-    else:
-        cpus = report["cpu"]["effective_cpus"] or 1
-        n = max(1, min(int(cpus), MAX_BUDGET_CHILDREN))
-        sizes = [budget // n + (1 if i < budget % n else 0) for i in range(n)]
-    return [int(s * fraction) for s in sizes if int(s * fraction) > 0], plan
 
 
 class GroupPeak:
@@ -126,11 +111,29 @@ def _release(procs: list[subprocess.Popen[str]]) -> None:
             p.wait()
 
 
-def _child(n: int, p: subprocess.Popen[str], msg: dict[str, Any], e: Evidence) -> dict[str, Any]:
+def _start(loads: list[Load]) -> list[subprocess.Popen[str]]:
+    """One ``_alloc`` child per load; where one cannot start (a pids limit, EAGAIN), the ones
+    started are released and ``VerifyFailedError`` says so in one line."""
+    procs: list[subprocess.Popen[str]] = []
+    for i, load in enumerate(loads):
+        try:
+            procs.append(start_child("_alloc", *load.argv(), stdin=subprocess.PIPE))
+        except OSError as exc:
+            _release(procs)
+            hint = f" (a pids limit? try --children {i})" if i else ""
+            raise VerifyFailedError(
+                f"verify: cannot start child {i + 1} of {len(loads)}: {exc.strerror or exc}{hint}"
+            ) from None
+    return procs
+
+
+def _child(load: Load, p: subprocess.Popen[str], msg: dict[str, Any], e: Evidence) -> dict[str, Any]:
     error = msg.get("error") if isinstance(msg.get("error"), str) else None
     return {
-        "bytes": n,
-        "touched": "touched" in msg,
+        "bytes": load.bytes,
+        "jobs": load.jobs,
+        "baseline_bytes": load.baseline_bytes,
+        "touched": "touched" in msg and msg.get("shares", load.shares) == load.shares,
         "fault_seconds": msg.get("seconds"),
         "pid": p.pid,
         **exit_fields(p.returncode),
@@ -145,17 +148,22 @@ def verify(
     *,
     fraction: float = 1.0,
     hold: float = 3.0,
+    children: int | None = None,
     root: Root | None = None,
     progress: TextIO | None = None,
 ) -> dict[str, Any]:
     """Allocate the target in children and say whether the machine delivered it.
 
-    *root* is where the OOM-kill counter, the group's processes, its usage and the children's
-    peak RSS are read (the live system by default; a fake tree in tests); the children are
-    real. *progress* is where their progress goes (None: this process's stderr).
+    *children* caps the child processes (None: ``default_children``, the CPUs up to 8); the
+    shares are spread over them (``verify/shares.py``). *root* is where the OOM-kill counter, the
+    group's processes, its usage and the children's peak RSS are read (the live system by
+    default; a fake tree in tests); the children are real. *progress* is where their progress
+    goes (None: this process's stderr).
     """
     root = root if root is not None else LiveRoot()
-    sizes, plan = split_target(report, shape, fraction)
+    limit = children if children is not None else default_children(report)
+    loads, plan = plan_loads(report, shape, fraction, limit)
+    sizes = [load.bytes for load in loads]
     oom = report["memory"]["oom"]
     oom_source = oom["source"] if oom else None
     group = os.path.dirname(oom_source) if oom_source else None
@@ -165,7 +173,7 @@ def verify(
     cg = report["memory"]["cgroup"]
     group_peak = GroupPeak(root, cg["dir"], cg["version"])
     started = time.monotonic()
-    procs = [start_child("_alloc", str(n), stdin=subprocess.PIPE) for n in sizes]
+    procs = _start(loads)
     meter = Progress(progress if progress is not None else sys.stderr, sizes, [p.pid for p in procs])
     vmhwm_sum, usage = 0, None
     try:
@@ -180,7 +188,7 @@ def verify(
         _release(procs)
     after = read_oom_kills(root, oom_source)
     e = evidence(before, after, gone(others, outsiders(root, group, version, os.getpid())))
-    children = [_child(n, p, msg, e) for n, p, msg in zip(sizes, procs, lines, strict=True)]
+    records = [_child(load, p, msg, e) for load, p, msg in zip(loads, procs, lines, strict=True)]
     measured = {
         "oom_kills": None if before is None or after is None else after - before,
         "oom_counter": oom_source,
@@ -189,7 +197,7 @@ def verify(
         "children_vmhwm_sum_bytes": vmhwm_sum or None,
         "cgroup_usage_bytes": usage,
     }
-    return _result(report, sizes, plan, children, measured, fraction=fraction, hold=hold)
+    return _result(report, sizes, plan, records, measured, fraction=fraction, hold=hold, limit=limit)
 
 
 def _result(
@@ -201,16 +209,22 @@ def _result(
     *,
     fraction: float,
     hold: float,
+    limit: int,
 ) -> dict[str, Any]:
     touched = sum(c["bytes"] for c in children if c["touched"])
     slowest = max((c["fault_seconds"] for c in children if isinstance(c["fault_seconds"], float)), default=0.0)
     delivered = all(c["outcome"] == "ok" and c["touched"] for c in children)
+    jobs = sum(c["jobs"] for c in children) if plan is not None else None
+    jobs_touched = sum(c["jobs"] for c in children if c["touched"]) if plan is not None else None
     return {
         "delivered": delivered,
         "target_bytes": sum(sizes),
         "touched_bytes": touched,
+        "jobs": jobs,
+        "jobs_touched": jobs_touched,
         "fraction": fraction,
         "hold_seconds": hold,
+        "children_limit": limit,
         "children": children,
         **measured,
         "fault_in_bytes_per_second": int(touched / slowest) if slowest and delivered else None,
@@ -222,6 +236,15 @@ def _result(
     }
 
 
+def _jobs_line(r: dict[str, Any]) -> list[str]:
+    """The planned jobs whose memory was touched, where a plan was verified."""
+    if r["jobs"] is None:
+        return []
+    baseline = sum(c["baseline_bytes"] for c in r["children"])
+    plus = f" (+ the {format_size(baseline)} baseline)" if baseline else ""
+    return [f"  jobs        {r['jobs_touched']} of {r['jobs']} jobs' memory touched{plus}"]
+
+
 def format_verify(r: dict[str, Any]) -> str:
     children = r["children"]
     assert isinstance(children, list)
@@ -229,7 +252,8 @@ def format_verify(r: dict[str, Any]) -> str:
     rate = r["fault_in_bytes_per_second"]
     lines = [
         f"oomguard verify: {verdict}: {format_size(r['touched_bytes'])} of {format_size(r['target_bytes'])} "
-        f"touched in {len(children)} child processes",
+        f"touched in {len(children)} child processes (at most {r['children_limit']})",
+        *_jobs_line(r),
         f"  budget      {format_size(r['budget']['bytes'])} ({r['budget']['source']}); "
         f"ceiling {format_size(r['effective_bytes'])} ({r['limited_by']})",
         f"  group peak  {format_size(r['group_peak_bytes'])} ({r['group_peak_source'] or 'unreadable'}, while verify "
@@ -241,5 +265,6 @@ def format_verify(r: dict[str, Any]) -> str:
     for c in children:
         if c["outcome"] != "ok":
             why = c["error"] or (f"signal {c['signal']}" if c["signal"] else f"exit {c['exit_code']}")
-            lines.append(f"  child {c['pid']} ({format_size(c['bytes'])}): {c['outcome']} ({why})")
+            held = f", {c['jobs']} jobs" if r["jobs"] is not None else ""
+            lines.append(f"  child {c['pid']} ({format_size(c['bytes'])}{held}): {c['outcome']} ({why})")
     return "\n".join(lines) + "\n"
