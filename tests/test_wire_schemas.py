@@ -138,12 +138,12 @@ def test_the_run_side_names_the_same_values() -> None:
 
 def test_the_words_and_rules_keyed_by_these_values_name_exactly_the_defined_ones() -> None:
     """The maps that say a value in words, or pick some of them, name no value the types lack."""
-    from oomguard.manager import retention
+    from oomguard.manager.store import writer
     from oomguard.manager.web import formatting
     from oomguard.supervisor.adapt import STEP_DOWN
 
     assert set(formatting.REASONS) == set(formatting.AFTER) == set(_types.EXIT_REASONS)
-    assert set(STEP_DOWN) == set(retention.KEPT_REASONS) == set(_types.FAILURES)  # the failures: kept, stepped down
+    assert set(STEP_DOWN) == set(writer.COUNTERS) == set(_types.FAILURES)  # the failures: counted, stepped down
 
 
 def test_the_supervisor_s_fields_are_the_schema_s() -> None:

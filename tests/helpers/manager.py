@@ -311,3 +311,43 @@ class ManagerProcess:
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data))
+
+
+def one_request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    source: str | None = None,
+) -> int:
+    """One request to a real manager on 127.0.0.1:*port*, on a connection of its own (from *source*,
+    a loopback address, when given): its status, 0 for no answer (refused, reset, or none within the
+    generous bound)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0) if source else None)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except (OSError, http.client.HTTPException):
+        return 0
+    finally:
+        conn.close()
+
+
+def refused_at_start(
+    tmp_path: Path, argv: list[str], env: dict[str, str], message: str, monkeypatch: Any, capsys: Any
+) -> None:
+    """``oomguard manager`` in process with *argv* and *env*: exit 2, *message* in one line on
+    stderr, nothing on stdout, and the database never touched."""
+    from oomguard.cli import main
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["manager", "--db", f"sqlite:///{tmp_path / 'x.db'}", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and message in out.err, out.err
+    assert not (tmp_path / "x.db").exists()  # refused before the database is touched

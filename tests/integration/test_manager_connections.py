@@ -2,7 +2,10 @@
 of the others (a limit per client under the global cap, counted when the kernel hands a connection
 over), every method has body and keep-alive deadlines, a body on GET/HEAD/OPTIONS is refused at
 once, and running out of descriptors is one log line. The scale test runs a real manager under
-RLIMIT_NOFILE 1,024:1,024 and 1,024:20,000, on SQLite and PostgreSQL."""
+RLIMIT_NOFILE 1,024:1,024 and 1,024:20,000, on SQLite and PostgreSQL. Many clients together
+(issue 37, item 4): 17 or 100 addresses without a token, holding every connection and reconnecting,
+cannot starve /healthz and an agent (a newcomer evicts the heaviest client's unprotected connection;
+/healthz and a valid token are served above the 503 cap)."""
 
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from tests.helpers.manager import (
     envelope,
     fixture_report,
     local_client,
+    one_request,
 )
 from tests.helpers.wait import wait_until
 from tests.helpers.wire import LiveServer, until_closed
@@ -87,6 +91,61 @@ def test_admission_counts_per_client_and_in_all_and_trusts_proxies() -> None:
     proxied = [a.admit("10.0.0.1") for _ in range(4)]  # a trusted proxy: only the global cap
     assert all(proxied) and a.total == 5
     assert a.admit("192.0.2.9") is None and a.admit("10.0.0.2") is None and a.refused == 3
+
+
+def test_when_full_a_newcomer_takes_the_place_of_the_heaviest_clients_unprotected_connection() -> None:
+    """Issue 37, item 4: every place taken, a new connection evicts the oldest unprotected one of
+    the client holding the most (at least two more than the newcomer's), never a protected one
+    (/healthz, a valid token: ``web.priority``), never a trusted proxy's."""
+    proxy = [ipaddress.ip_network("10.0.0.1/32")]
+    a = Admission(per_client=4, accept_cap=6, trusted=proxy)
+    flood = [a.admit("192.0.2.1") for _ in range(4)]
+    other = [a.admit("192.0.2.2") for _ in range(2)]
+    assert all(flood) and all(other) and a.total == 6
+    assert flood[0] is not None and flood[1] is not None
+    a.protect(flood[0], True)  # the oldest serves a protected request: the next oldest goes
+    probe = a.admit("192.0.2.9")
+    assert probe is not None and a.total == 6 and a.evicted == 1 and a.held("192.0.2.1") == 3
+    assert flood[1].done and not flood[0].done
+    flood[1]()  # its socket closing later releases nothing more
+    assert a.total == 6
+    assert a.admit("192.0.2.2") is None  # 2 held: no client holds 4 or more now (3, 2, 1)
+    assert a.admit("192.0.2.1") is None  # nor for the heaviest itself
+    proxied = a.admit("10.0.0.1")  # a trusted proxy may evict (from the heaviest, 3 >= 0 + 2) ...
+    assert proxied is not None and a.held("192.0.2.1") == 2 and a.evicted == 2
+    for slot in (flood[0], flood[3], *other, probe):  # flood[2] went to the proxy
+        assert slot is not None
+        a.protect(slot, True)
+    assert a.admit("192.0.2.7") is None  # nothing left to evict: the proxy's and the protected stay
+    assert a.refused == 3 and a.total == 6
+
+
+def test_the_protected_requests_are_healthz_and_valid_credentials(tmp_path: Path) -> None:
+    from oomguard.manager.web.credentials import node_token
+    from oomguard.manager.web.priority import classifier
+
+    secret = "fleet-secret-0123456789"
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    app = create_app(Settings(db_url=url, agent_token=AGENT, viewer_token=VIEWER, fleet_secrets=(secret,)))
+    protected = classifier(app)
+    session = app.state.sessions.issue()
+
+    def bearer(token: str) -> list[tuple[bytes, bytes]]:
+        return [(b"Host", b"localhost"), (b"Authorization", f"Bearer {token}".encode())]
+
+    assert protected(b"GET", b"/healthz", []) and protected(b"HEAD", b"/healthz?x=1", [])
+    assert protected(b"POST", b"/api/v1/reports", bearer(AGENT))
+    assert protected(b"POST", b"/api/v1/events", bearer(node_token(secret, "gpu-07")))
+    assert protected(b"GET", b"/metrics", bearer(VIEWER))
+    assert protected(b"GET", b"/", [(b"cookie", f"a=b; oomguard_session={session}".encode())])
+    assert not protected(b"POST", b"/api/v1/reports", [])
+    assert not protected(b"POST", b"/api/v1/reports", bearer("wrong-token-0123456789"))
+    assert not protected(b"POST", b"/api/v1/reports", bearer(node_token("another-secret-0123456789", "gpu-07")))
+    assert not protected(b"GET", b"/", [(b"cookie", b"oomguard_session=forged.1.x")])
+    assert not protected(b"GET", b"/healthzz", [])
+    open_app = create_app(Settings(db_url=url))  # loopback, no tokens: nothing but /healthz is protected
+    assert not classifier(open_app)(b"POST", b"/api/v1/reports", bearer(AGENT))
+    assert classifier(object())(b"GET", b"/healthz", [])  # any other app: /healthz
 
 
 def test_the_listener_closes_a_client_over_its_limit_as_it_accepts() -> None:
@@ -508,3 +567,160 @@ def test_the_flags_set_the_per_client_limit_and_a_trusted_proxy_has_only_the_glo
         for s in opened:
             s.close()
         manager.stop()
+
+
+# -- room for /healthz and the agents: many addresses without a token (issue 37, item 4) ----------
+
+
+FLOOD = """
+import errno, json, selectors, socket, sys
+port, per_address, first = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4].encode()
+addresses = sys.argv[3].split(",")
+sel = selectors.DefaultSelector()
+stats = {"connects": 0, "closed": 0, "failed": 0}
+sel.register(sys.stdin, selectors.EVENT_READ, None)  # closed by the test: stop
+
+def connect(source):
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.bind((source, 0))
+        err = s.connect_ex(("127.0.0.1", port))
+    except OSError:
+        err = -1
+    if err not in (0, errno.EINPROGRESS):
+        s.close()
+        stats["failed"] += 1
+        return False
+    stats["connects"] += 1
+    sel.register(s, selectors.EVENT_WRITE, source)
+    return True
+
+for source in addresses:
+    for _ in range(per_address):
+        connect(source)
+print("started", flush=True)
+lost = []  # addresses whose connection failed: tried again on the next turn
+running = True
+while running:
+    for key, mask in sel.select(0.05):
+        if key.data is None:
+            running = False
+            break
+        s, source = key.fileobj, key.data
+        if mask & selectors.EVENT_WRITE:  # connected (or refused): send the first bytes, then wait
+            sel.modify(s, selectors.EVENT_READ, source)
+            try:
+                if first:
+                    s.send(first)
+            except OSError:
+                pass
+            continue
+        try:
+            gone = s.recv(65536) == b""
+        except BlockingIOError:
+            gone = False
+        except OSError:
+            gone = True
+        if gone:  # closed by the manager: at once again, from the same address
+            sel.unregister(s)
+            s.close()
+            stats["closed"] += 1
+            if stats["closed"] % 50 == 0:
+                print("closed", stats["closed"], flush=True)
+            if not connect(source):
+                lost.append(source)
+    retry, lost = lost, []
+    for source in retry:
+        if not connect(source):
+            lost.append(source)
+print(json.dumps(stats), flush=True)
+"""
+
+
+class Flood:
+    """Clients without a token, *per_address* connections from each of *addresses* (in a process of
+    its own), each sending *first* (nothing: idle; a request's start: half-open) and connecting again
+    as soon as the manager closes it, until ``stop``. ``closed``: how many the manager has closed so
+    far (the flood's word, every 50)."""
+
+    def __init__(self, port: int, addresses: list[str], per_address: int, first: str = "") -> None:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+        args = [sys.executable, "-c", FLOOD, str(port), str(per_address), ",".join(addresses), first]
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "started"
+        self.closed = 0
+        self._last = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("closed "):
+                self.closed = int(line.split()[1])
+            else:
+                self._last = line
+
+    def stop(self) -> dict[str, int]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(60)
+        self._reader.join(10)
+        return {str(k): int(v) for k, v in json.loads(self._last).items()}
+
+
+def probe(port: int, method: str, path: str, body: bytes | None = None) -> int:
+    """One request on a connection of its own (OTHER), as an agent or a health check sends it: its
+    status, 0 for no answer (refused, reset, or none within the generous bound)."""
+    headers = {**AGENT_H, "Content-Type": "application/json"} if body is not None else {}
+    return one_request(port, method, path, body, headers, source=OTHER)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("addresses", "per_address", "first"),
+    [(17, 64, ""), (100, 11, "GET /login HTTP/1.1\r\nHost: localhost\r\n")],
+    ids=["17-addresses-idle", "100-addresses-half-open"],
+)
+def test_clients_without_a_token_cannot_starve_healthz_and_the_agents(
+    tmp_path: Path, addresses: int, per_address: int, first: str
+) -> None:
+    """At the default limits (1,000 connections, 64 per client), 17 addresses holding 64 idle
+    connections each, or 100 holding 11 half-open ones (a request's first line and Host, never
+    finished), all connecting again as soon as they are closed: more than the manager holds.
+    Meanwhile every /healthz and every agent's report (its token) on a connection of its own is
+    answered 200 (on main: 11 of 80). Counted, not timed: a probe has 30 s, a hang's bound."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = addresses * per_address + 500
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"this test opens {need} sockets; the hard descriptor limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    manager = ManagerProcess(f"sqlite:///{tmp_path / 'flood.db'}").start()
+    body = json.dumps(envelope("probe", fixture_report())).encode()
+    assert probe(manager.port, "POST", REPORTS, body) == 200  # the node exists before the flood
+    sources = [f"127.0.{3 + i // 200}.{10 + i % 200}" for i in range(addresses)]
+    flood: Flood | None = None
+    statuses: collections.Counter[str] = collections.Counter()
+    try:
+        flood = Flood(manager.port, sources, per_address, first)
+        assert manager.proc is not None
+        fds = f"/proc/{manager.proc.pid}/fd"
+        wait_until(lambda: len(os.listdir(fds)) >= 1000, what="the flood to fill the manager's connections")
+        for _ in range(40):  # a round each time the manager has closed another 50 of the flood's
+            statuses[f"healthz {probe(manager.port, 'GET', '/healthz')}"] += 1
+            statuses[f"report {probe(manager.port, 'POST', REPORTS, body)}"] += 1
+            seen = flood.closed
+            wait_until(lambda: flood.closed > seen, what="the manager to close more of the flood's connections")  # noqa: B023
+        held = len(os.listdir(fds))
+        stats = flood.stop()
+    finally:
+        if flood is not None and flood.proc.poll() is None:
+            flood.proc.kill()
+        manager.stop()
+    print(f"\n{addresses} addresses x {per_address}: {dict(statuses)}; flood {stats}; manager fds at the end {held}")
+    assert stats["closed"] > 0  # the manager closed some of the flood's connections: it was over the cap
+    assert statuses == {"healthz 200": 40, "report 200": 40}, (statuses, stats)
+    log = manager.log()
+    assert "Traceback" not in log, log[-3000:]

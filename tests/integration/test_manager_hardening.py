@@ -34,6 +34,7 @@ from tests.helpers.manager import (
     envelope,
     fixture_report,
     local_client,
+    one_request,
 )
 from tests.helpers.mounts import tmpfs
 from tests.helpers.pg import PostgresServer, own_server
@@ -411,10 +412,13 @@ def test_a_connection_cap_answers_503_at_once(tmp_path: Path) -> None:
         wait_until(lambda: accepted(server) == 8, what="the server's accept of the eight silent connections")
         start = time.monotonic()
         with socket.create_connection(("127.0.0.1", server.port), timeout=5, source_address=("127.0.0.10", 0)) as s:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            s.sendall(b"GET /login HTTP/1.1\r\nHost: localhost\r\n\r\n")  # no token: not protected
             head = s.recv(4096)
         took = time.monotonic() - start
         assert head.startswith(b"HTTP/1.1 503"), head[:60]
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5, source_address=("127.0.0.11", 0)) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")  # issue 37: served above the cap
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
         for s in idle:
             s.close()
         idle = []
@@ -722,6 +726,83 @@ def test_a_hung_postgresql_is_a_fast_503_and_healthz_says_so(
     starts = [li for li in lines if "failing" in li]
     assert starts and all("(timeout)" in li for li in starts) and len(starts) <= 2, lines  # reads and writes
     assert any("writes work again" in li for li in lines), lines
+
+
+def _request(port: int, method: str, path: str, body: bytes | None = None) -> int:
+    """One request to a real manager on a connection of its own: its status (0: no answer)."""
+    headers = {**(AGENT_H if method == "POST" else VIEWER_H), "Content-Type": "application/json"}
+    return one_request(port, method, path, body, headers)
+
+
+@pytest.mark.slow
+def test_a_hung_postgresql_is_one_log_line_per_fault_not_a_traceback_per_request(own_pg: PostgresServer) -> None:
+    """Issue 37, item 6: while PostgreSQL hung, a real manager's log had 22 full tracebacks in 84 s
+    ("Future exception was never retrieved": /healthz's abandoned checks). Now: the episode's lines
+    (reads, writes: each once when it starts, once when it ends), and no traceback, whatever the
+    requests meanwhile (health checks, reports, reads, pages, metrics)."""
+    import concurrent.futures
+
+    url = own_pg.create_db("faults")
+    manager = ManagerProcess(url).start()
+    body = json.dumps(envelope("n", fixture_report())).encode()
+    try:
+        assert _request(manager.port, "POST", REPORTS, body) == 200
+        stopped = own_pg.cluster_pids()
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            # Reads and writes hold the pool's open connections (hung) until the reads' episode is
+            # logged; then each health check needs a new connection, which fails (connect_timeout,
+            # 3 s) after the check's own 2 s answer, and a read in between (which fails the same way)
+            # leaves the check to fail with nobody waiting: what a monitor probing now and then does.
+            asks: list[tuple[str, str, bytes | None]] = [("POST", REPORTS, body)] * 4
+            asks += [("GET", "/api/v1/nodes", None), ("GET", "/metrics", None), ("GET", "/nodes/n", None)] * 2
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                others = pool.map(lambda a: _request(manager.port, *a), asks)
+                wait_until(lambda: "database reads failing" in manager.log(), interval=0.2, what="a failed read")
+                health = []
+                for _ in range(3):
+                    health.append(_request(manager.port, "GET", "/healthz"))
+                    assert _request(manager.port, "GET", "/api/v1/nodes") == 503
+                statuses = list(others)
+            assert set(health) == {503} and set(statuses[:4]) == {503}, (health, statuses)  # never a hang
+            assert 500 not in statuses and 0 not in statuses, statuses
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: _request(manager.port, "POST", REPORTS, body) == 200, interval=0.5, what="writes back")
+        wait_until(lambda: _request(manager.port, "GET", "/healthz") == 200, interval=0.5, what="/healthz back")
+        wait_until(lambda: "reads work again" in manager.log(), interval=0.2, what="the reads' episode to end")
+    finally:
+        manager.stop()
+    log = manager.log()
+    assert "Traceback" not in log and "never retrieved" not in log, log[-4000:]
+    faults = [li for li in log.splitlines() if "database reads failing" in li or "database writes failing" in li]
+    assert 1 <= len(faults) <= 4, log[-4000:]  # one per episode and direction (a kind may change once)
+    assert len(log.splitlines()) <= 12, log  # the start line, the episodes' starts and ends: nothing per request
+
+
+def test_a_failure_nobody_retrieved_is_one_line_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """The server's loop handler (``server.AcceptFailed``), the safety net under the fix above: a
+    future or task whose exception nobody awaited any more is one warning line; anything else is
+    asyncio's as before."""
+    import asyncio
+    import gc
+
+    from oomguard.manager.web.server import AcceptFailed
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(AcceptFailed())
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(TimeoutError("no answer from the database\nsecond line"))
+        del future
+        gc.collect()
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["Future exception was never retrieved: TimeoutError: no answer from the database"]
+    assert not any(r.exc_info for r in caplog.records)
 
 
 def test_a_stopped_postgresql_is_503_unavailable_then_recovers(own_pg: PostgresServer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -158,7 +159,7 @@ def test_alerts_and_metrics(client: TestClient) -> None:
     ] == ["2 OOM kill(s) in the last hour"]
 
 
-# Retention by receive time (thinning per clock hour, OOM kills kept for ever) is tested with a
+# Retention by receive time (thinning per clock hour, OOM kills expire, their counts stay) is tested with a
 # controlled clock in tests/manager/test_retention.py; agent-stamped times no longer decide it.
 
 
@@ -270,10 +271,11 @@ def test_upgrade_from_the_first_revision_keeps_data(db_url: str) -> None:
         ]
         assert c.post("/api/v1/reports", json=envelope("old-node", fixture_report())).status_code == 200
         assert len(c.get("/api/v1/nodes/old-node").json()["history"]) == 2
-        assert (
-            c.post("/api/v1/reports", json={"node": "n", "id": "r-1", "report": fixture_report()}).json()["stored"]
-            is False
-        )  # ids stored before the upgrade still deduplicate
+        again = {"node": "old-node", "id": "r-1", "report": fixture_report()}
+        assert c.post("/api/v1/reports", json=again).json()["stored"] is False  # ids stored before still deduplicate
+        other = {"node": "n", "id": "r-1", "report": fixture_report()}
+        assert c.post("/api/v1/reports", json=other).json()["stored"] is True  # per node since revision 0011
+        assert 'oomguard_oom_kills_total{node="old-node"} 1.0' in c.get("/metrics").text  # counted by 0011
 
 
 def test_the_tables_are_the_head_revisions(db_url: str) -> None:
@@ -291,7 +293,7 @@ def test_the_tables_are_the_head_revisions(db_url: str) -> None:
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
     revisions = [r.revision for r in ScriptDirectory.from_config(alembic_config(db_url)).walk_revisions()]
-    assert revisions == ["0010", "0009", "0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
+    assert revisions == ["0011", "0010", "0009", "0008", "0007", "0006", "0005", "0004", "0003", "0002", "0001"]
     engine.dispose()
 
 
@@ -417,7 +419,9 @@ def test_logout_revokes_the_session_and_the_raw_token_is_no_cookie(tmp_path: Pat
         confirm = c.get("/logout")  # a GET changes nothing: it offers the POST
         assert confirm.status_code == 200 and 'action="/logout"' in confirm.text
         assert c.get("/api/v1/nodes").status_code == 200
-        out = c.post("/logout", follow_redirects=False)
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm.text)
+        assert csrf, confirm.text
+        out = c.post("/logout", content=f"csrf={csrf[1]}", follow_redirects=False)
         assert out.status_code == 303 and out.headers["location"] == "/login"
         c.cookies.clear()
         c.cookies.set("oomguard_session", kept)  # a copy kept by whoever stole it

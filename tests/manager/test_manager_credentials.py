@@ -42,6 +42,7 @@ from tests.helpers.manager import (
     envelope,
     fixture_report,
     make_store,
+    refused_at_start,
 )
 from tests.helpers.wait import wait_until
 
@@ -177,14 +178,7 @@ def test_bad_credential_and_proxy_flags_are_one_line_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The command line in process (``oomguard.cli.main``, as ``python -m oomguard`` runs it)."""
-    from oomguard.cli import main
-
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    assert main(["manager", "--db", f"sqlite:///{tmp_path / 'x.db'}", *argv]) == 2
-    out = capsys.readouterr()
-    assert out.out == "" and out.err.count("\n") == 1 and message in out.err, out.err
-    assert not (tmp_path / "x.db").exists()  # refused before the database is touched
+    refused_at_start(tmp_path, argv, env, message, monkeypatch, capsys)
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def stored_ids(store: Store) -> set[str]:
         return set(conn.execute(select(reports.c.ingest_id)).scalars())
 
 
-def test_retention_thins_and_expires_by_receive_time_and_keeps_oom_kills(db_url: str) -> None:
+def test_retention_thins_and_expires_by_receive_time_and_counts_oom_kills(db_url: str) -> None:
     now = 1_800_000_000_000 // HOUR_MS * HOUR_MS + 40 * MIN_MS  # 40 minutes into a clock hour
     clock = Clock(0)
     store = make_store(db_url, clock)
@@ -75,10 +75,11 @@ def test_retention_thins_and_expires_by_receive_time_and_keeps_oom_kills(db_url:
     assert kept == ["r00", "r04", "r08", "r12", "r13", "r14"]
     history = store.node_detail("n")["history"]  # type: ignore[index]
     assert [h["time"] for h in history] == [iso_ms(t) for t in [*sorted(old)[::4], *recent]]
-    short = make_store(db_url, clock, retention_s=10 * 86400)  # a shorter retention: old events go, OOM kills stay
-    assert short.thin()["expired_events"] == 1  # and pressure stops: oomguard_pressure_stops_total never goes down
-    kept_events = short.node_detail("n")["events"]  # type: ignore[index]
-    assert sorted(e["reason"] for e in kept_events) == ["oom-kill", "pressure-stop"]
+    short = make_store(db_url, clock, retention_s=10 * 86400)  # a shorter retention: old events go, OOM kills too
+    assert short.thin()["expired_events"] == 3  # issue 37: none is kept for ever
+    assert short.node_detail("n")["events"] == []  # type: ignore[index]
+    (row,) = [r for r in short.metric_rows() if r["name"] == "n"]  # the counters stay: they never go down
+    assert (row["oom_kills_total"], row["pressure_stops_total"]) == (1, 1)
     clock.t = now + 3 * HOUR_MS + 31 * DAY_MS  # and everything past the retention goes
     assert make_store(db_url, clock).thin()["expired_reports"] == 6
 
@@ -331,9 +332,10 @@ def test_events_expire_in_batches_too(db_url: str) -> None:
     event(store, "w", "oom", reason="oom-kill")
     clock.t = now
     result = store.thin()
-    assert result["expired_events"] == 10 and result["batches"] == 3  # 4 + 4 + 2
+    assert result["expired_events"] == 11 and result["batches"] == 3  # 4 + 4 + 3: the OOM kill too
     with store.engine.connect() as conn:
-        assert list(conn.execute(select(events.c.ingest_id)).scalars()) == ["oom"]
+        assert list(conn.execute(select(events.c.ingest_id)).scalars()) == []
+        assert list(conn.execute(select(nodes.c.oom_kills_total)).scalars()) == [1]  # counted on the node
 
 
 def test_the_api_answers_a_busy_node_in_bounded_pieces(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "%(prog)s [--db URL] [--host HOST] [--port PORT] [--fleet-secret S]... [--agent-token T]\n"
         "       [--viewer-token T] [--admin-token T] [--retention 30d] [--forget-after 7d] [--allowed-hosts NAMES]\n"
         "       [--max-connections N] [--max-connections-per-client N] [--max-new-nodes N]\n"
+        "       [--max-events-per-node N] [--max-observations-per-node N]\n"
         "       [--trusted-proxy CIDR]... [--session-ttl 12h]\n"
         "       %(prog)s token NODE [--fleet-secret S]"
     )
@@ -67,7 +68,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "the operator's token: forgetting nodes (or OOMGUARD_ADMIN_TOKEN); none: nobody may",
         "TOKEN",
     )
-    flags.option(parser, "--retention", "history kept (default 30d; OOM events are kept for ever)", "DURATION")
+    flags.option(
+        parser,
+        "--retention",
+        "history kept (default 30d; events and observations too, OOM kills included: their counts stay)",
+        "DURATION",
+    )
     flags.option(
         parser,
         "--forget-after",
@@ -108,6 +114,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         "--max-new-nodes",
         "new nodes an hour the fleet-wide token may create (default 1000; or OOMGUARD_MAX_NEW_NODES); beyond: 429",
+        "N",
+    )
+    flags.option(
+        parser,
+        "--max-events-per-node",
+        "events (heartbeats too) one node may send a minute (default 300; or OOMGUARD_MAX_EVENTS_PER_NODE); "
+        "beyond: 429",
+        "N",
+    )
+    flags.option(
+        parser,
+        "--max-observations-per-node",
+        "observations one node may send a minute (default 120; or OOMGUARD_MAX_OBSERVATIONS_PER_NODE); beyond: 429",
         "N",
     )
     flags.option(

@@ -1,9 +1,10 @@
 """The manager's ASGI app, wired: the API (``web.api``), the dashboard (``web.views``,
 ``web.forget``), their middleware, and the retention thread for the app's lifetime.
 
-Routes reach the store, the settings, the database health, the sessions, the failure limiter and
-the new-node cap through ``app.state`` (``web.deps``). Outermost, ``web.proxies.TrustedProxies``
-puts the client's address and scheme in the scope: the peer's, or a ``--trusted-proxy``'s word.
+Routes reach the store, the settings, the database health, the sessions, the failure limiter,
+the new-node cap and the per-node quotas (``web.quotas``) through ``app.state`` (``web.deps``).
+Outermost, ``web.proxies.TrustedProxies`` puts the client's address and scheme in the scope: the
+peer's, or a ``--trusted-proxy``'s word.
 A database that fails or hangs answers 503 with ``Retry-After`` (not the client's fault: agents
 keep the report in their spool), counted and logged once per episode (``store.health``). A
 request its envelope refuses answers 422 with the reasons, never echoing the input back
@@ -44,6 +45,7 @@ from oomguard.manager.web.credentials import MAX_KNOWN, NewNodes
 from oomguard.manager.web.middleware import AllowedHosts, BodyLimit, Headers
 from oomguard.manager.web.pages import viewer_pages
 from oomguard.manager.web.proxies import TrustedProxies
+from oomguard.manager.web.quotas import Quotas
 from oomguard.manager.web.sessions import FailureLimiter, Sessions
 
 DESCRIPTION = (
@@ -176,6 +178,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.state.sessions = Sessions(settings.viewer_token, settings.session_ttl_s)
     app.state.limiter = FailureLimiter(settings.login_burst, settings.login_refill_s, settings.failed_tokens_per_minute)
     app.state.new_nodes = NewNodes(settings.max_new_nodes)
+    app.state.quotas = Quotas(settings.max_events_per_node, settings.max_observations_per_node)
     for exc_class in (DatabaseUnavailable, DBAPIError, PoolTimeout):
         app.add_exception_handler(exc_class, database_unavailable)
     app.add_exception_handler(RequestValidationError, validation_failed)

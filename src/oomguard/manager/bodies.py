@@ -207,11 +207,18 @@ def label_filter(text: str) -> tuple[str, str]:
     return key, value
 
 
+# Every envelope is strict (issue 37): JSON's types as the wire schemas say, so a size or an
+# interval given as "1" or true is a 422, never read as 1 (pydantic's lax mode would take both:
+# "Conversion Table", https://docs.pydantic.dev/latest/concepts/conversion_table/). The report
+# inside is the report's own contract (``contract.problem``), which is as strict.
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class ReportEnvelope(BaseModel):
     """A report as an agent posts it. The report is checked by ``contract.problem`` (the route's
     422), not here, and stored as the agent sent it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     node: NodeName
     id: IngestId
     report: Report
@@ -261,7 +268,7 @@ class EventIn(BaseModel):
 
 
 class EventEnvelope(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     node: NodeName
     id: IngestId
     event: EventIn
@@ -308,7 +315,7 @@ class ObservationIn(BaseModel):
 
 
 class ObservationEnvelope(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     node: NodeName
     id: IngestId
     observation: ObservationIn

@@ -2,12 +2,14 @@
 
 - reports younger than an hour (by receive time) are kept whole; older ones, the first of each
   node and clock hour;
-- reports and events older than the retention (``--retention``, 30 days) go, except the events
-  of OOM kills and pressure stops, which are kept for ever (they are the history oomguard
-  exists to show, and ``oomguard_oom_kills_total`` / ``oomguard_pressure_stops_total`` count them,
-  counters that must not go down);
-- observations (what a profile's runs really used: ``learning``) older than the retention go too;
-  the recommender reads only the last 14 days of them, so a retention below that shortens it;
+- reports, events and observations older than the retention (``--retention``, 30 days) go: the
+  events of OOM kills and pressure stops too (issue 37: they were kept for ever, so a node could
+  grow the database without end with fake ones). Their counts stay: each node counts them as
+  they are stored (``nodes.oom_kills_total``, ``nodes.pressure_stops_total``, revision 0011), and
+  ``oomguard_oom_kills_total`` / ``oomguard_pressure_stops_total`` read those, so the counters
+  never go down. The recommender reads only the last 14 days of observations, so a retention
+  below that shortens it. What one node may add meanwhile is bounded by its quotas
+  (``--max-events-per-node``, ``--max-observations-per-node``: ``web.quotas``);
 - nodes silent for longer than ``--forget-after`` (7 days; ``off`` never) are archived: nothing
   from them (no report, no event, no heartbeat) since then. They leave the list, the cards, the
   alerts and /metrics; their rows stay (under the retention above) and the node comes back with
@@ -26,9 +28,10 @@ end of the pass or when its connection drops): of several replicas one runs a pa
 and a replica that finds the lock taken skips its turn. See
 https://www.postgresql.org/docs/current/explicit-locking.html#ADVISORY-LOCKS
 
-The pass runs every ``thin_every_s`` on a daemon thread. A failed pass is logged with its full
-traceback (logger ``oomguard.manager.retention``; stderr when logging is not configured) and the
-thread keeps going: the next pass retries.
+The pass runs every ``thin_every_s`` on a daemon thread. A pass that the database failed (down,
+hung, full, locked) is one line naming the fault (logger ``oomguard.manager.retention``); any
+other failure, a bug, is logged with its full traceback; either way the thread keeps going and
+the next pass retries.
 """
 
 from __future__ import annotations
@@ -52,14 +55,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import SQLAlchemyError
 
 from oomguard.manager.alerts import node_status
 from oomguard.manager.db import events, nodes, observations, reports, retention_state
+from oomguard.manager.redact import first_line
 from oomguard.manager.times import now_ms
 
 HOUR_MS = 3_600_000
 FULL_RESOLUTION_MS = HOUR_MS  # history younger than this is kept whole; older, one report per node and hour
-KEPT_REASONS = ("oom-kill", "pressure-stop")  # events of these reasons are never expired
 LOCK_KEY = 7220452  # PostgreSQL advisory lock of the pass (the migrations' is 7220451)
 KINDS = ("expired_reports", "thinned_reports", "expired_events", "expired_observations")
 
@@ -80,8 +84,7 @@ def _batch(conn: Connection, ids: list[int], cuts: _Cuts, rows: int) -> dict[str
     window = and_(mine, reports.c.received_ms >= lo, reports.c.received_ms < cut_full)
     keep = select(func.min(reports.c.id)).where(window).group_by(reports.c.node_id, reports.c.received_ms // HOUR_MS)
     extra = select(reports.c.id).where(window, reports.c.id.not_in(keep)).limit(rows)
-    expiring = or_(events.c.reason.is_(None), events.c.reason.not_in(KEPT_REASONS))
-    old_events = select(events.c.id).where(events.c.node_id.in_(ids), events.c.received_ms < cut_old, expiring)
+    old_events = select(events.c.id).where(events.c.node_id.in_(ids), events.c.received_ms < cut_old)
     old_seen = observations.c.received_ms < cut_old
     old_observations = select(observations.c.id).where(observations.c.node_id.in_(ids), old_seen).limit(rows)
     return {
@@ -220,10 +223,15 @@ class RetentionThread:
         self._stop.set()
 
     def run_once(self) -> bool:
-        """One pass; False (and the traceback logged) when it failed."""
+        """One pass; False (and logged: one line for a database fault, the traceback for a bug)
+        when it failed."""
         try:
             self.thin()
-        except Exception:  # a bug or a database outage: log it whole, retry at the next pass
+        except SQLAlchemyError as exc:  # the database's fault, seen by the routes too: one line
+            cause = first_line(exc)[:300]
+            log.error("oomguard manager: retention pass failed (database): %s; next try in %gs", cause, self.every_s)
+            return False
+        except Exception:  # a bug: log it whole, retry at the next pass
             log.exception("oomguard manager: retention pass failed; next try in %gs", self.every_s)
             return False
         return True
@@ -233,4 +241,4 @@ class RetentionThread:
             self.run_once()
 
 
-__all__ = ["FULL_RESOLUTION_MS", "KEPT_REASONS", "LOCK_KEY", "Retention", "RetentionThread"]
+__all__ = ["FULL_RESOLUTION_MS", "LOCK_KEY", "Retention", "RetentionThread"]

@@ -51,7 +51,13 @@ def db_scheme(url: str) -> str | None:
 FORGET_AFTER_MIN_S = 3600.0  # --forget-after at least this (and 3 intervals)
 WRITE_QUEUE_BYTES_DEFAULT = 64 * MiB  # the writes the writer holds at once (store/commit.py applies it)
 PER_CLIENT_DEFAULT = 64  # connections one client address may hold (web/server.py says why, and applies it)
-MAX_COUNT = 1_000_000  # the most --max-new-nodes and --max-connections-per-client may be
+MAX_COUNT = 1_000_000  # the most --max-new-nodes, --max-connections-per-client and the quotas may be
+# A node's quotas a minute (web/quotas.py applies them, and says why they are generous): events (a
+# heartbeat included) and observations. Real use: a heartbeat a minute and three events a restart
+# per supervisor, an observation per worker run; 16 supervisors on one node crash-looping together
+# (1 s backoff, doubling) send 240 events and 80 observations in their first minute.
+EVENTS_PER_NODE = 300
+OBSERVATIONS_PER_NODE = 120
 NODE_TOKEN_PREFIX = "ogn1."  # web.credentials.PREFIX: a fleet-wide token must not look like a node's
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -84,6 +90,8 @@ class Settings:
     login_refill_s: float = 6.0  # ... and one more allowed every this many seconds
     failed_tokens_per_minute: int = 120  # failed tokens of all clients together, before 429
     max_new_nodes: int = 1000  # new nodes an hour for a credential not bound to one node
+    max_events_per_node: int = EVENTS_PER_NODE  # a node's events (heartbeats too) a minute; past it 429
+    max_observations_per_node: int = OBSERVATIONS_PER_NODE  # a node's observations a minute; past it 429
     per_client_connections: int = PER_CLIENT_DEFAULT  # open connections per client address
     trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-* headers are believed (none)
     # The working-set alert's line: this share of the effective limit (--working-set-line or
@@ -141,6 +149,8 @@ class Settings:
         for flag, count in (
             ("--max-connections-per-client", self.per_client_connections),
             ("--max-new-nodes", self.max_new_nodes),
+            ("--max-events-per-node", self.max_events_per_node),
+            ("--max-observations-per-node", self.max_observations_per_node),
         ):
             if not 1 <= count <= MAX_COUNT:
                 raise UsageError(f"{flag}: must be 1 to {MAX_COUNT}, got {count}")
@@ -327,6 +337,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     counts = (
         ("max_connections_per_client", "OOMGUARD_MAX_CONNECTIONS_PER_CLIENT", "per_client_connections"),
         ("max_new_nodes", "OOMGUARD_MAX_NEW_NODES", "max_new_nodes"),
+        ("max_events_per_node", "OOMGUARD_MAX_EVENTS_PER_NODE", "max_events_per_node"),
+        ("max_observations_per_node", "OOMGUARD_MAX_OBSERVATIONS_PER_NODE", "max_observations_per_node"),
     )
     for name, variable, field in counts:
         if (found := _flag_or_env(args, name, variable)) is not None:

@@ -1,7 +1,8 @@
 """The database's tables (SQLAlchemy Core), as the head Alembic revision leaves them.
 
 Times are integer epoch milliseconds (``*_ms``), so hour buckets are integer division on both
-databases. The tables are created and upgraded only by the revisions in ``migrations/``; these
+databases. An ingest id (``ingest_id``: the agent's idempotency key) is unique per node, not across
+the fleet (revision 0011). The tables are created and upgraded only by the revisions in ``migrations/``; these
 declarations mirror the head revision for queries, every column in its table's one declaration
 (the revision that added it noted beside it).
 """
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     false,
 )
 
@@ -75,6 +77,10 @@ nodes = Table(
     # known), which the ``consumer-budget-above-limit`` alert compares with the effective limit.
     Column("consumers", Text),
     Column("consumer_budget_bytes", BigInteger),
+    # Revision 0011: the node's exit events of these reasons ever received, counted as each is
+    # stored (/metrics' counters: they never go down, while the events expire at --retention).
+    Column("oom_kills_total", BigInteger, nullable=False, server_default="0"),
+    Column("pressure_stops_total", BigInteger, nullable=False, server_default="0"),
     Index("ix_nodes_archived", "archived_ms"),
 )
 
@@ -100,7 +106,7 @@ reports = Table(
     metadata,
     Column("id", ROW_ID, primary_key=True),  # revision 0008: 64-bit
     Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
-    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("ingest_id", String(128), nullable=False),
     Column("received_ms", BigInteger, nullable=False),
     # Revision 0004: the time the agent put on the report (its ``time``), as reported; ``received_ms``
     # is the manager's own clock when the report arrived.
@@ -110,6 +116,7 @@ reports = Table(
     Column("usage_bytes", BigInteger),
     Column("working_set_bytes", BigInteger),
     Index("ix_reports_node_time", "node_id", "received_ms"),
+    UniqueConstraint("node_id", "ingest_id", name="uq_reports_node_ingest"),  # revision 0011: ids by node
 )
 
 events = Table(
@@ -117,7 +124,7 @@ events = Table(
     metadata,
     Column("id", ROW_ID, primary_key=True),  # revision 0008: 64-bit
     Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
-    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("ingest_id", String(128), nullable=False),
     Column("received_ms", BigInteger, nullable=False),
     Column("time", String(64)),
     Column("kind", String(16), nullable=False),
@@ -131,6 +138,7 @@ events = Table(
     Column("body", Text, nullable=False),
     Index("ix_events_node_time", "node_id", "received_ms"),
     Index("ix_events_reason_time", "reason", "received_ms"),
+    UniqueConstraint("node_id", "ingest_id", name="uq_events_node_ingest"),  # revision 0011: ids by node
 )
 
 # Revision 0007: what each run of a profiled worker really used (``POST /api/v1/observations``),
@@ -143,7 +151,7 @@ observations = Table(
     metadata,
     Column("id", ROW_ID, primary_key=True),  # revision 0008: 64-bit
     Column("node_id", Integer, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
-    Column("ingest_id", String(128), nullable=False, unique=True),
+    Column("ingest_id", String(128), nullable=False),
     Column("received_ms", BigInteger, nullable=False),
     Column("observed", String(64), nullable=False),
     Column("profile", String(128), nullable=False),
@@ -158,6 +166,7 @@ observations = Table(
     Index("ix_observations_profile_time", "profile", "received_ms"),
     Index("ix_observations_class_time", "profile", "node_class", "received_ms"),
     Index("ix_observations_node_time", "node_id", "received_ms"),
+    UniqueConstraint("node_id", "ingest_id", name="uq_observations_node_ingest"),  # revision 0011: ids by node
 )
 
 # Revision 0004: ``thinned_below``, the one-hour line of the last retention pass that completed.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Float, String, and_, case, cast, func, literal, null, select, union_all
+from sqlalchemy import BigInteger, Connection, Float, String, case, cast, func, literal, null, select, union_all
 
 from oomguard.manager.alerts import (
     ALERTS,
@@ -471,16 +471,11 @@ def listed_total(cards: dict[str, int], status: str | None, q: str | None, label
     return sum(cards[s.replace("-", "_")] for s in STATUSES if s != "archived")
 
 
-def _total(reason: str) -> Any:
-    """SQL: the node's exit events of *reason* over all the history kept."""
-    mine = and_(events.c.node_id == nodes.c.id, events.c.kind == "exit", events.c.reason == reason)
-    return select(func.count(events.c.id)).where(mine).scalar_subquery()
-
-
 def metric_rows(conn: Connection, now: int, interval_ms: int, line: float = DEFAULT_LINE) -> list[dict[str, Any]]:
     """The numbers of each node not archived, for /metrics, by name; OOM kills and pressure stops
-    counted over all the history kept; ``ws_high_since_ms``: when its ``working-set-high`` alert
-    began (None: it has none; ``alerts.working_set_high_since``)."""
+    ever received (the node's counters: their events expire, the counts stay);
+    ``ws_high_since_ms``: when its ``working-set-high`` alert began (None: it has none;
+    ``alerts.working_set_high_since``)."""
     query = (
         select(
             nodes.c.name,
@@ -497,8 +492,8 @@ def metric_rows(conn: Connection, now: int, interval_ms: int, line: float = DEFA
             nodes.c.consumers,
             node_status(now, interval_ms).label("status"),
             current_report(now, interval_ms).label("current"),
-            _total("oom-kill").label("oom_kills_total"),
-            _total("pressure-stop").label("pressure_stops_total"),
+            nodes.c.oom_kills_total,
+            nodes.c.pressure_stops_total,
         )
         .where(nodes.c.archived_ms.is_(None))
         .order_by(nodes.c.name)

@@ -7,10 +7,14 @@ event's ``time``), and a report's agent time minus its receive time is its node'
 A report is one history row, the node's latest values, and its whole JSON in ``latest_reports``
 (apart, so that node rows stay small); the reports of a batch are written with a handful of
 statements (node ids, one insert, one update, one upsert). Each write is idempotent by its
-ingest id, between replicas on one PostgreSQL too: the insert is ``ON CONFLICT (ingest_id) DO
-NOTHING ... RETURNING``, so when two replicas store the same id at once, one stores it and the
+node and ingest id (an id is the node's own: node B's row with node A's id is stored; revision
+0011), between replicas on one PostgreSQL too: the insert is ``ON CONFLICT (node_id, ingest_id)
+DO NOTHING ... RETURNING``, so when two replicas store the same row at once, one stores it and the
 other answers ``False`` (PostgreSQL's unique index waits for the first to commit or roll back).
-Rows are written in one order (node names, ingest ids, node ids) so replicas never deadlock.
+Rows are written in one order (node names, then node ids and ingest ids) so replicas never deadlock.
+
+An exit event of an OOM kill or a pressure stop also counts on its node (``oom_kills_total``,
+``pressure_stops_total``: /metrics' counters, which outlive the events' retention).
 
 An event, and a heartbeat (which is no row: ``oomguard run --manager``'s supervisor saying it is
 alive), stamp the node's ``last_event_ms``; for a node no agent ever reported, its last-seen time
@@ -41,6 +45,8 @@ from oomguard.manager.times import now_ms
 # A supervisor's announced heartbeat interval is kept within these: a dead supervisor that had
 # announced a day must not keep its node "run-only" for three days, nor a tiny one flap it offline.
 HEARTBEAT_MIN_MS, HEARTBEAT_MAX_MS = 10_000, 3_600_000
+SCOPE = ["node_id", "ingest_id"]  # what makes a row's id unique (revision 0011): its node's, not the fleet's
+COUNTERS = {"oom-kill": "oom_kills_total", "pressure-stop": "pressure_stops_total"}  # exit reason -> node column
 _LATEST = (  # the node's latest values, unless a report received later got there first
     update(nodes)
     .where(
@@ -93,6 +99,11 @@ class _ReportItem:
         self.labels = labels  # the envelope's labels, JSON (None: not sent, the node keeps its own)
 
     @property
+    def key(self) -> tuple[str, str]:
+        """What makes it the same report again: its node and ingest id."""
+        return self.node, self.row["ingest_id"]
+
+    @property
     def order(self) -> tuple[int, int]:
         """Newest first by receive time, then by the agent's time."""
         agent = self.row["agent_ms"]
@@ -142,7 +153,9 @@ class Writer:
             engine, on_rollback=self._node_ids.clear, bulk=self._write_reports, max_bytes=max_queue_bytes
         )
         self._insert_reports = (
-            self._insert(reports).on_conflict_do_nothing(index_elements=["ingest_id"]).returning(reports.c.ingest_id)
+            self._insert(reports)
+            .on_conflict_do_nothing(index_elements=SCOPE)
+            .returning(reports.c.node_id, reports.c.ingest_id)
         )
         upsert = self._insert(latest_reports)
         self._upsert_latest = upsert.on_conflict_do_update(  # unless a report received later got there first
@@ -190,7 +203,7 @@ class Writer:
             node_class = o.node_class or labelled_class(labels) or stored_class(conn, node_id)
             statement = self._insert(observations).values(node_id=node_id, node_class=node_class, **values)
             stored = conn.execute(
-                statement.on_conflict_do_nothing(index_elements=["ingest_id"]).returning(observations.c.id)
+                statement.on_conflict_do_nothing(index_elements=SCOPE).returning(observations.c.id)
             ).first()
             if stored is not None and labels is not None:
                 _set_labels(conn, {node_id: labels})
@@ -257,25 +270,26 @@ class Writer:
 
     def _write_reports(self, conn: Connection, items: list[_ReportItem]) -> list[bool]:
         """A batch of reports in a handful of statements; True for each stored, False for a duplicate."""
-        first: dict[str, _ReportItem] = {}
+        first: dict[tuple[str, str], _ReportItem] = {}
         for it in items:
-            first.setdefault(it.row["ingest_id"], it)  # the first of a batch wins
-        fresh = sorted(first.values(), key=lambda it: it.row["ingest_id"])
-        t0 = min((it.t for it in fresh), default=0)
-        ids = {name: self._node_id(conn, name, t0) for name in sorted({it.node for it in fresh})}
+            first.setdefault(it.key, it)  # the first of a batch wins
+        t0 = min((it.t for it in first.values()), default=0)
+        ids = {name: self._node_id(conn, name, t0) for name in sorted({it.node for it in first.values()})}
+        fresh = sorted(first.values(), key=lambda it: (ids[it.node], it.row["ingest_id"]))
         rows = [{**it.row, "node_id": ids[it.node]} for it in fresh]
-        stored = set(conn.execute(self._insert_reports, rows).scalars()) if rows else set()
+        stored = {(int(n), str(i)) for n, i in conn.execute(self._insert_reports, rows).all()} if rows else set()
         newest: dict[int, _ReportItem] = {}
         for it in fresh:
             node_id = ids[it.node]
-            if it.row["ingest_id"] in stored and (node_id not in newest or newest[node_id].order <= it.order):
+            later = node_id not in newest or newest[node_id].order <= it.order
+            if (node_id, it.row["ingest_id"]) in stored and later:
                 newest[node_id] = it
         if newest:
             conn.execute(_LATEST, [{**newest[n].latest, "b_id": n} for n in sorted(newest)])
             whole = [{"node_id": n, "received_ms": newest[n].t, "report": newest[n].report} for n in sorted(newest)]
             conn.execute(self._upsert_latest, whole)
         _set_labels(conn, {n: text for n in newest if (text := newest[n].labels) is not None})
-        return [first[it.row["ingest_id"]] is it and it.row["ingest_id"] in stored for it in items]
+        return [first[it.key] is it and (ids[it.node], it.row["ingest_id"]) in stored for it in items]
 
     def _event_writer(self, env: EventEnvelope, body_json: str, t: int) -> Callable[[Connection], bool]:
         e = env.event
@@ -297,9 +311,7 @@ class Writer:
         def write(conn: Connection) -> bool:
             node_id = self._node_id(conn, env.node, t)
             statement = self._insert(events).values(node_id=node_id, **values)
-            row = conn.execute(
-                statement.on_conflict_do_nothing(index_elements=["ingest_id"]).returning(events.c.id)
-            ).first()
+            row = conn.execute(statement.on_conflict_do_nothing(index_elements=SCOPE).returning(events.c.id)).first()
             if row is None:
                 return False
             changes = {**_alive(t), **_event_changes(e, t)}
@@ -330,10 +342,13 @@ class Writer:
 
 def _event_changes(e: Any, t: int) -> dict[str, Any]:
     """The node's columns an event changes besides ``_alive``'s: the jobs a start gives, the limit
-    and budget of a node no agent reported, and the gate's refusal (set by a failed gate; cleared
-    by a later start or passed gate)."""
+    and budget of a node no agent reported, the gate's refusal (set by a failed gate; cleared by a
+    later start or passed gate), and the count of its OOM kills or pressure stops (an exit's)."""
     changes: dict[str, Any] = {}
     never_reported = nodes.c.warnings.is_(None)
+    counter = COUNTERS.get(e.reason or "") if e.event == "exit" else None
+    if counter is not None:
+        changes[counter] = nodes.c[counter] + 1
     if e.event == "start":
         if e.concurrency is not None:
             # The jobs column shows what the supervisor really runs (after step-downs), not the plan.

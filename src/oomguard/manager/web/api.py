@@ -1,5 +1,6 @@
 """The HTTP API: agents POST reports, events and observations (the node's own token, or the fleet-wide agent
-token: ``deps.require_agent``; the body's ``node`` must be the token's, ``deps.may_write``);
+token: ``deps.require_agent``; the body's ``node`` must be the token's, ``deps.may_write``; a node's
+events and observations a minute are capped: ``web.quotas``);
 readers GET nodes, alerts, a profile's recommendation and Prometheus metrics (viewer token); the operator DELETEs a node
 and excludes or includes one observation (admin token); ``/healthz`` is open and checks the database.
 
@@ -44,6 +45,7 @@ from oomguard.manager.web.deps import (
     StoreDep,
     db_read,
     db_write,
+    get_store,
     may_write,
     require_admin,
     require_agent,
@@ -51,6 +53,7 @@ from oomguard.manager.web.deps import (
     require_viewer,
 )
 from oomguard.manager.web.metrics import render_metrics
+from oomguard.manager.web.quotas import NodeQuota, Quotas
 from oomguard.nodes import NODE_PATTERN, PROFILE_PATTERN
 from oomguard.units import MAX_SIZE
 
@@ -59,7 +62,12 @@ NO_NUL = r"^[^\x00]*$"
 REFUSALS: dict[int | str, dict[str, Any]] = {
     408: {"description": "the body did not arrive in time"},
     413: {"description": "body too large"},
-    429: {"description": "too many failed tokens (this client's, or all clients'), or new nodes an hour"},
+    429: {
+        "description": (
+            "too many failed tokens (this client's, or all clients'), new nodes an hour, or the node's "
+            "events or observations a minute (Retry-After)"
+        )
+    },
     503: {"description": "the database is unavailable; retry later (Retry-After)"},
 }
 
@@ -99,10 +107,26 @@ async def post_report(request: Request, body: ReportEnvelope, store: StoreDep, c
     return Stored(stored=stored, id=body.id)
 
 
+def within_quota(request: Request, quota: NodeQuota, node: str) -> None:
+    """429 with ``Retry-After`` and the quota's one line when *node* is over *quota* this minute,
+    by the store's clock (the receive time every row gets; a test's or a benchmark's own)."""
+    wait = quota.take(node, get_store(request).clock() / 1000)
+    if wait:
+        raise HTTPException(429, quota.reason(), headers={"Retry-After": str(wait)})
+
+
+def quotas_of(request: Request) -> Quotas:
+    quotas: Quotas = request.app.state.quotas
+    return quotas
+
+
 @ingest.post("/events", response_model=Stored)
 async def post_event(request: Request, body: EventEnvelope, store: StoreDep, credential: AgentDep) -> Stored:
+    """A supervisor's event or heartbeat, or the entrypoint gate's; 429 past the node's events a
+    minute (``--max-events-per-node``: ``web.quotas``)."""
     body_json = _json(body.event.model_dump(), "event")
     await may_write(request, credential, body.node)
+    within_quota(request, quotas_of(request).events, body.node)
     return Stored(stored=await db_write(request, store.ingest_event_async(body, body_json)), id=body.id)
 
 
@@ -113,12 +137,14 @@ async def post_observation(
     """What one run of a profiled worker really used (docs/manager.md, "The fleet learns"); an
     idempotent retry of an id stored before answers ``stored: false``. 422 naming the field where
     the run cannot have fitted the effective limit of the node's latest report
-    (``bodies.observation_problem``); a node without a report (run-only) is not checked."""
+    (``bodies.observation_problem``); a node without a report (run-only) is not checked. 429 past
+    the node's observations a minute (``--max-observations-per-node``: ``web.quotas``)."""
     await may_write(request, credential, body.node)
     limit = await db_read(request, store.reported_limit, body.node)
     problem = None if limit is None else observation_problem(body.observation, limit)
     if problem is not None:
         raise HTTPException(422, problem)
+    within_quota(request, quotas_of(request).observations, body.node)
     return Stored(stored=await db_write(request, store.ingest_observation_async(body)), id=body.id)
 
 
@@ -289,13 +315,24 @@ async def metrics(request: Request, store: StoreDep) -> Response:
     except DatabaseUnavailable:
         rows = None
     db_health: DbHealth = request.app.state.health
-    text_, content_type = render_metrics(rows, dict(db_health.errors), store.line, learned)
+    text_, content_type = render_metrics(
+        rows, dict(db_health.errors), store.line, learned, quotas_of(request).refused()
+    )
     return Response(text_, media_type=content_type)
 
 
 def _ping(engine: Engine) -> None:
     with engine.connect() as conn:
         conn.execute(text("SELECT 1"))
+
+
+def _retrieved(probe: asyncio.Future[None]) -> None:
+    """Mark the check's outcome as seen. A check that outlived its requests' time-out ends with
+    nobody awaiting it; an exception left unretrieved is asyncio's "Future exception was never
+    retrieved" with a traceback when the future is collected, one per hung check (issue 37: 22 in
+    84 s while PostgreSQL hung). The fault is the episode's, which ``DbHealth`` logs once."""
+    if not probe.cancelled():
+        probe.exception()
 
 
 async def database_check(request: Request) -> str:
@@ -305,6 +342,7 @@ async def database_check(request: Request) -> str:
     probe = getattr(state, "ping", None)
     if probe is None or probe.done():
         probe = state.ping = asyncio.get_running_loop().run_in_executor(None, _ping, state.store.engine)
+        probe.add_done_callback(_retrieved)
     try:
         await asyncio.wait_for(asyncio.shield(probe), HEALTH_TIMEOUT_S)
     except DB_FAILURES as exc:

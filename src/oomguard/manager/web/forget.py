@@ -1,6 +1,7 @@
 """The dashboard's writes: forgetting a node (``GET``/``POST /nodes/{name}/forget``), and excluding
 one observation from what the fleet learns or including it again (``POST
-/profiles/{profile}/observations``, the profile page's Exclude and Include buttons).
+/profiles/{profile}/observations``, the profile page's Exclude and Include buttons); and the checks
+every form shares, which ``POST /logout`` (``views``) makes too: ``same_origin``, ``form_token``.
 
 Each needs, besides the viewer's session (``pages.require_viewer_page``), the operator's
 ``--admin-token`` typed into the form (never remembered: it is no ambient credential a forged
@@ -59,6 +60,11 @@ def forget_token(session: str | None, name: str) -> str:
 def observation_token(session: str | None, profile: str) -> str:
     """The profile page's Exclude/Include form's token (``form_token``) for *profile*."""
     return form_token(session, f"oomguard-observation:{profile}")
+
+
+def logout_token(session: str | None) -> str:
+    """The log-out form's token (``form_token``; ``views.logout``)."""
+    return form_token(session, "oomguard-logout")
 
 
 DEFAULT_PORTS = {"http": "80", "https": "443"}

@@ -3,7 +3,9 @@
 
 ``oomguard_manager_db_errors_total{kind}`` counts the requests answered 503 because of the
 database, by kind (``oomguard.manager.store.health.KINDS``; every kind is present from the start, at 0,
-so a rate() over it works before the first failure). When the database cannot be read, /metrics
+so a rate() over it works before the first failure); ``oomguard_manager_quota_refusals_total{kind}``
+the events and observations answered 429 by their node's quota a minute (``web.quotas``; both
+kinds at 0 from the start). When the database cannot be read, /metrics
 still answers with these (and ``oomguard_manager_database_up 0``), without the node series.
 
 A node's gauge whose value is unknown (a report without usage, say) has no sample, never NaN or
@@ -231,10 +233,11 @@ class _Learned:
 
 
 class _Manager:
-    def __init__(self, db_errors: dict[str, int], db_up: bool, line: float) -> None:
+    def __init__(self, db_errors: dict[str, int], db_up: bool, line: float, refusals: dict[str, int]) -> None:
         self.db_errors = db_errors
         self.db_up = db_up
         self.line = line
+        self.refusals = refusals
 
     def collect(self) -> Iterator[Metric]:
         errors = CounterMetricFamily(
@@ -253,6 +256,14 @@ class _Manager:
             "The working-set alert's line, a share of the effective limit (--working-set-line).",
             value=self.line,
         )
+        refused = CounterMetricFamily(
+            "oomguard_manager_quota_refusals",
+            "Events and observations answered 429 because their node was over its quota a minute, by kind.",
+            labels=["kind"],
+        )
+        for kind, count in self.refusals.items():
+            refused.add_metric([kind], float(count))
+        yield refused
 
 
 def render_metrics(
@@ -260,12 +271,14 @@ def render_metrics(
     db_errors: dict[str, int],
     line: float = DEFAULT_LINE,
     learned: list[dict[str, Any]] | None = None,
+    refusals: dict[str, int] | None = None,
 ) -> tuple[bytes, str]:
     """The exposition: node series from *rows* (None: the database could not be read), what the
-    fleet has learned (*learned*: ``Store.class_recommendations``) and the manager's own."""
+    fleet has learned (*learned*: ``Store.class_recommendations``) and the manager's own (with
+    *refusals*: the per-node quotas' 429s by kind, ``web.quotas``)."""
     registry = CollectorRegistry()
     if rows is not None:
         registry.register(_Nodes(rows))
         registry.register(_Learned(learned or []))
-    registry.register(_Manager(db_errors, rows is not None, line))
+    registry.register(_Manager(db_errors, rows is not None, line, refusals or {}))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,6 +1,8 @@
 """The HTTP protocol the manager serves with: uvicorn's h11 protocol with a deadline for every
-phase of a connection, whatever the method, and a GET, HEAD or OPTIONS body refused before any
-app code runs. ``web.server`` sets it up (``guarded_protocol``) and documents the rules."""
+phase of a connection, whatever the method, a GET, HEAD or OPTIONS body refused before any app
+code runs, and the requests that matter (``web.priority``: /healthz, a valid token or session)
+served above the 503 cap and never evicted while they are (``connections.Admission``).
+``web.server`` sets it up (``guarded_protocol``) and documents the rules."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import h11
 from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from oomguard.manager.web.connections import Admission, Slot
 from oomguard.manager.web.middleware import BODYLESS, announces_body
+from oomguard.manager.web.priority import HEALTH, Classifier
 
 OVERLOAD_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 30.0  # Settings.body_timeout_s's default
@@ -27,18 +31,23 @@ _NO_BODY = (
 class BodylessGuard(h11.Connection):
     """h11's server side that stops at a GET, HEAD or OPTIONS request announcing a body: it calls
     *refuse* (which answers 400 and closes) and reports PAUSED, so uvicorn creates no task for it
-    and reads nothing more (``H11Protocol.handle_events`` stops at PAUSED)."""
+    and reads nothing more (``H11Protocol.handle_events`` stops at PAUSED). Every other request's
+    head goes to *seen* first, before uvicorn decides on it."""
 
-    def __init__(self, max_incomplete_event_size: int, refuse: Any) -> None:
+    def __init__(self, max_incomplete_event_size: int, refuse: Any, seen: Any = None) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size)
         self._refuse = refuse
+        self._seen = seen
 
     def next_event(self) -> Any:
         event = super().next_event()
-        bodyless = isinstance(event, h11.Request) and event.method.decode("ascii", "replace") in BODYLESS
-        if bodyless and announces_body(list(event.headers)):  # type: ignore[union-attr]
-            self._refuse(event.method)  # type: ignore[union-attr]
+        if not isinstance(event, h11.Request):
+            return event
+        if event.method.decode("ascii", "replace") in BODYLESS and announces_body(list(event.headers)):
+            self._refuse(event.method)
             return h11.PAUSED
+        if self._seen is not None:
+            self._seen(event)
         return event
 
 
@@ -54,13 +63,29 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout_s = 10.0
     body_timeout_s = BODY_TIMEOUT_S
+    admission: Admission | None = None  # the server's (``connections``): this connection's place
+    protects: Classifier | None = None  # which requests are protected (``priority``); None: /healthz only
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
         self._phase: str | None = None
+        self._slot: Slot | None = None
+        self._cap = self.limit_concurrency  # the 503 cap; a protected request is served above it
         size = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
-        self.conn = BodylessGuard(size, self._refuse_body)
+        self.conn = BodylessGuard(size, self._refuse_body, self._request)
+
+    def _request(self, event: h11.Request) -> None:
+        """A request's head is in: protected or not (``priority``), before uvicorn looks at the
+        503 cap (``limit_concurrency``, read right after this)."""
+        rule = self.protects
+        if rule is None:
+            protected = event.target.split(b"?", 1)[0] == HEALTH
+        else:
+            protected = rule(event.method, event.target, list(event.headers))
+        self.limit_concurrency = None if protected else self._cap
+        if self._slot is not None and self.admission is not None:
+            self.admission.protect(self._slot, protected)
 
     def _refuse_body(self, method: bytes) -> None:
         body = _NO_BODY[0] % method
@@ -69,6 +94,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if self.admission is not None and sock is not None:
+            self._slot = self.admission.slot_of(sock.fileno())
         self._enter("headers")
 
     def data_received(self, data: bytes) -> None:
@@ -76,6 +104,8 @@ class GuardedH11Protocol(H11Protocol):
         self._follow()
 
     def on_response_complete(self) -> None:
+        if self._slot is not None and self.admission is not None:
+            self.admission.protect(self._slot, False)  # before a pipelined next request is read
         super().on_response_complete()
         self._follow()
 
@@ -113,7 +143,7 @@ class GuardedH11Protocol(H11Protocol):
             return self.body_timeout_s + BODY_GRACE_S
         if phase == "idle":
             return float(self.timeout_keep_alive)
-        limit = self.limit_concurrency
+        limit = self._cap
         return OVERLOAD_TIMEOUT_S if limit is not None and len(self.connections) > limit else self.header_timeout_s
 
     def _expired(self) -> None:
@@ -127,6 +157,16 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def guarded_protocol(header_timeout_s: float, body_timeout_s: float = BODY_TIMEOUT_S) -> type[GuardedH11Protocol]:
-    attrs = {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s}
+def guarded_protocol(
+    header_timeout_s: float,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+    admission: Admission | None = None,
+    protects: Classifier | None = None,
+) -> type[GuardedH11Protocol]:
+    attrs = {
+        "header_timeout_s": header_timeout_s,
+        "body_timeout_s": body_timeout_s,
+        "admission": admission,
+        "protects": staticmethod(protects) if protects is not None else None,
+    }
     return type("GuardedH11", (GuardedH11Protocol,), attrs)

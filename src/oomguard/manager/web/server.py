@@ -12,6 +12,10 @@
 - The 503 cap (``--max-connections``, uvicorn's ``limit_concurrency``): above it a request gets
   503 at once, and a connection that has not sent its request is closed after
   ``protocol.OVERLOAD_TIMEOUT_S`` instead of ``header_timeout_s``.
+- Room for what matters (issue 37, item 4): a protected request (``web.priority``: /healthz, or a
+  valid token or session) is served above the 503 cap, and when every place is taken a new
+  connection evicts an unprotected one of the client holding the most (``connections.Admission``),
+  so clients without a token, from a few dozen addresses, cannot starve /healthz and the agents.
 - Deadlines for every connection and method (``protocol.GuardedH11Protocol``): uvicorn (0.54) starts its
   keep-alive timer only after a response and cancels it on any byte, even a byte of a body it will
   never read; so a connection's headers must arrive within ``header_timeout_s`` (408 when some
@@ -44,9 +48,10 @@ from typing import Any
 import uvicorn
 
 from oomguard.errors import UsageError
-from oomguard.manager.redact import RedactingFormatter, Redactor
+from oomguard.manager.redact import RedactingFormatter, Redactor, first_line
 from oomguard.manager.settings import PER_CLIENT_DEFAULT
 from oomguard.manager.web.connections import OUT_OF_DESCRIPTORS, Admission, GuardedListener
+from oomguard.manager.web.priority import classifier
 from oomguard.manager.web.protocol import BODY_TIMEOUT_S, guarded_protocol
 from oomguard.manager.web.proxies import Network
 
@@ -108,8 +113,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception in one line, at most 300 characters (the log formatter masks the secrets)."""
+    return f"{type(exc).__name__}: {first_line(exc)}"[:300]
+
+
 class AcceptFailed:
-    """The event loop's exception handler: running out of descriptors (or memory) in ``accept()``
+    """The event loop's exception handler: a failure nobody retrieved is one line (never a
+    traceback); running out of descriptors (or memory) in ``accept()``
     is one warning line at most every ``every_s`` (with how many times it happened since the last
     line), not asyncio's traceback for each ("socket.accept() out of system resource", which
     ``BaseSelectorEventLoop._accept_connection`` reports, then retries after
@@ -122,7 +133,14 @@ class AcceptFailed:
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
-        accept = "accept" in str(context.get("message"))
+        message = str(context.get("message"))
+        if "never retrieved" in message and isinstance(exc, Exception):
+            # A future or task whose failure nobody awaited any more (its request timed out): the
+            # fault is already answered 503 and logged once per episode (``store.health``). One line,
+            # not asyncio's traceback for each (issue 37: 22 in 84 s while PostgreSQL hung).
+            _log.warning("%s: %s", message.splitlines()[0], one_line(exc))
+            return
+        accept = "accept" in message
         if not (accept and isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS):
             loop.default_exception_handler(context)
             return
@@ -218,9 +236,12 @@ def build_server(
     if body_timeout_s is None:
         settings = getattr(getattr(app, "state", None), "settings", None)
         body_timeout_s = float(getattr(settings, "body_timeout_s", BODY_TIMEOUT_S))
+    admission = Admission(
+        per_client_cap(per_client_connections, max_connections), max_connections + OVERFLOW_SLOTS, trusted_proxies
+    )
     config = uvicorn.Config(
         app,
-        http=guarded_protocol(header_timeout_s, body_timeout_s),
+        http=guarded_protocol(header_timeout_s, body_timeout_s, admission, classifier(app)),
         limit_concurrency=max_connections,
         timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
         proxy_headers=False,
@@ -228,9 +249,6 @@ def build_server(
         access_log=False,
         timeout_graceful_shutdown=10,
         lifespan="on",
-    )
-    admission = Admission(
-        per_client_cap(per_client_connections, max_connections), max_connections + OVERFLOW_SLOTS, trusted_proxies
     )
     return GuardedServer(config, admission)
 

@@ -3,7 +3,8 @@ pages (HTML for browsers, JSON for API clients). What every page shares (the vie
 templates) is in ``pages``; the dashboard's writes (forgetting a node, excluding an observation)
 are in ``forget``.
 
-``POST /logout`` revokes the session; ``GET /logout`` asks for that POST.
+``POST /logout`` revokes the session; ``GET /logout`` asks for that POST, whose form is checked as
+the dashboard's other forms are (``forget``: our own ``Origin``, a token keyed by the session).
 
 Templates only meet checked types: the latest report goes through the report's JSON Schema
 (``reportschema.conform_report``) first, and the filters turn anything unexpected into "-".
@@ -11,6 +12,7 @@ Templates only meet checked types: the latest report goes through the report's J
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 import time
@@ -28,7 +30,7 @@ from oomguard.manager.reportschema import conform_report
 from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS
 from oomguard.manager.web.chart import RANGES, memory_chart, profile_chart
 from oomguard.manager.web.deps import SettingsDep, StoreDep, client_of, db_read, token_ok
-from oomguard.manager.web.forget import NOTICE, observation_token
+from oomguard.manager.web.forget import NOTICE, logout_token, observation_token, same_origin
 from oomguard.manager.web.formatting import ALERTS_PAGE, ALERTS_SHOWN
 from oomguard.manager.web.pages import HERE, SessionCookie, form_fields, missing_node, page, render, viewer_pages
 from oomguard.manager.web.sessions import COOKIE, FailureLimiter, Sessions
@@ -285,15 +287,28 @@ def favicon() -> Response:  # browsers ask for it on every page, the raw JSON in
     return Response(status_code=204)
 
 
+CROSS_SITE_LOGOUT = "This request did not come from this manager's own form; open /logout and try again."
+
+
 @login_pages.get("/logout", response_class=HTMLResponse)
-def logout_form() -> Response:
-    """A link cannot end a session (a GET must change nothing): this page asks for the POST."""
-    return page("login.html", next="/", error=None, logout=True)
+def logout_form(oomguard_session: SessionCookie = None) -> Response:
+    """A link cannot end a session (a GET must change nothing): this page asks for the POST, with
+    the form's token (``forget.logout_token``: keyed by the session cookie)."""
+    return page("login.html", next="/", error=None, logout=True, token=logout_token(oomguard_session))
 
 
 @login_pages.post("/logout")
-def logout(request: Request, oomguard_session: SessionCookie = None) -> Response:
-    """Revoke the session (its cookie is refused from now on, even if kept) and clear the cookie."""
+async def logout(request: Request, oomguard_session: SessionCookie = None) -> Response:
+    """Revoke the session (its cookie is refused from now on, even if kept) and clear the cookie;
+    only from this manager's own form, as the other forms (``forget``): our ``Origin`` and the
+    form's token, else 403 with one line and the session left as it was (issue 37: another site
+    could end it). Without a session there is nothing to end: 303 to the login, no cookie touched."""
+    if oomguard_session is None:
+        return RedirectResponse("/login", status_code=303)
+    field = await form_fields(request)
+    expected = logout_token(oomguard_session)
+    if not same_origin(request) or not hmac.compare_digest(field.get("csrf", "").encode(), expected.encode()):
+        return page("error.html", 403, title="Forbidden", message=CROSS_SITE_LOGOUT, fragment=False)
     sessions: Sessions = request.app.state.sessions
     sessions.revoke(oomguard_session)
     response = RedirectResponse("/login", status_code=303)
