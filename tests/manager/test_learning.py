@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from oomguard.manager.app import create_app
 from oomguard.manager.bodies import CLASS_PATTERN
 from oomguard.manager.learning import (
+    BUDGET_MARGIN,
     HALF_LIFE_MS,
     MARGIN,
     MIN_PER_JOB,
@@ -27,6 +28,7 @@ from oomguard.manager.learning import (
     WINDOW_MS,
     Sample,
     derive_class,
+    gamma_p95,
     job_p95,
     per_run_size,
     recommend,
@@ -371,9 +373,10 @@ def test_below_eight_jobs_a_run_the_sum_rule_only_guards() -> None:
     its upper bound about 4.7 GiB. A 70 GiB budget less the 33 GiB baseline leaves 37 GiB: the
     sum rule fits 1 job (2 would need 20 + 4 x 4.7 x sqrt(2) = 46.6 GiB), where the percentile
     rule's 12 x 1.1 GiB plans 2: the sum of a few jobs asks more, and is taken. With runs of 9.9
-    and 10.1 GiB it would plan 3 at a smaller size than the percentile rule's 11.1 GiB, also 3:
-    below 8 jobs that is not taken (a sum of a few heavy-tailed peaks is far from normal), and
-    the percentile rule's size stands, said."""
+    and 10.1 GiB it would plan 3 at a smaller size than the percentile rule's, also 3: below 8
+    jobs that is not taken (a sum of a few heavy-tailed peaks is far from normal), and the
+    percentile rule's size stands, said: for a run of fewer than 8 jobs without its own 10 %
+    (issue 36, item 3: the budget already keeps its margin under the limit), 10.1 GiB."""
     budget, base = 70 * GiB, math.ceil(30 * GiB * (1 + MARGIN))
     wide = [sample(node=f"w{i}", peak=(8 if i % 2 else 12) * GiB, concurrency=2) for i in range(10)]
     r = recommend(NOW, None, "c1", wide, budget=budget)
@@ -383,23 +386,29 @@ def test_below_eight_jobs_a_run_the_sum_rule_only_guards() -> None:
     assert "1 job with 4 spreads x sqrt(1) free" in r.explanation[-1] and "the larger is taken" in r.explanation[-1]
     tight = [sample(node=f"t{i}", peak=int((9.9 if i % 2 else 10.1) * GiB), concurrency=2) for i in range(10)]
     r = recommend(NOW, None, "c1", tight, budget=budget)
-    percentile = math.ceil(int(10.1 * GiB) * (1 + MARGIN))
+    percentile = math.ceil(int(10.1 * GiB) * (1 + BUDGET_MARGIN))
     sized = per_run_size([(s, 1.0) for s in tight], budget - base)
     assert sized is not None and sized[1] == 3 and sized[0] < percentile
     assert r.per_job_bytes == percentile and (budget - base) // percentile == 3
+    assert (budget - base) // math.ceil(int(10.1 * GiB) * (1 + MARGIN)) == 3  # the same 3 jobs as with 10 %
+    assert any(line.startswith("a run of fewer than 8 jobs: the P98 + 0 %") for line in r.explanation)
+    without = recommend(NOW, None, "c1", tight)  # no budget: the percentile rule keeps its 10 %
+    assert without.per_job_bytes == math.ceil(int(10.1 * GiB) * (1 + MARGIN))
     stands = f"fewer than 8 jobs a run, where it is taken only above the percentile rule's: {percentile} bytes stands"
     assert stands in r.explanation[-1]
 
 
 def test_one_job_s_p95_is_read_from_the_spread_of_the_runs_means() -> None:
     """The runs above: one job's mean 10 GiB and spread sqrt(16) x 0.25 GiB = 1 GiB (the point
-    estimate, no upper bound: a forecast), so its P95 is 10 + 1.6449 GiB; a P98 of the runs' means
+    estimate, no upper bound: a forecast), so its P95 is the gamma law's of mean 10 GiB and spread 1
+    GiB (11.7 GiB; the normal's, 10 + 1.6449 GiB, is a little lower); a P98 of the runs' means
     reads 10.25 GiB, far under it, as a run of 16 hides its jobs' spread. Failed runs are left out;
     fewer than SPREAD_MIN runs that ended well estimate nothing."""
     runs = [sample(node=f"n{i}", peak=(9 * GiB + 3 * GiB // 4 if i % 2 else 10 * GiB + GiB // 4), concurrency=16)
             for i in range(20)]  # fmt: skip
     weighted = [(s, 1.0) for s in runs]
-    assert job_p95(weighted) == (math.ceil(10 * GiB + P95_Z * GiB), 10 * GiB, GiB, 20)
+    assert job_p95(weighted) == (math.ceil(gamma_p95(10 * GiB, GiB)), 10 * GiB, GiB, 20)
+    assert 10 * GiB + P95_Z * GiB < gamma_p95(10 * GiB, GiB) < 10 * GiB + 1.05 * P95_Z * GiB
     killed = [(sample(node=f"k{i}", peak=GiB, outcome="oom-kill"), 1.0) for i in range(20)]
     assert job_p95([*weighted, *killed]) == job_p95(weighted)
     assert job_p95(weighted[: SPREAD_MIN - 1] + killed) is None
@@ -424,6 +433,33 @@ def test_one_job_s_p95_forecast_meets_the_law_it_is_drawn_from() -> None:
     assert abs(estimate[0] / truth - 1) < 0.03, estimate[0] / truth
     means_p95 = weighted_percentile([(s.peak_per_job, 1.0) for s in runs], 0.95)
     assert means_p95 is not None and means_p95 / truth - 1 < -0.05
+
+
+@pytest.mark.parametrize(
+    ("law", "draw"),
+    [
+        ("gamma, shape 2", lambda rng: rng.gammavariate(2.0, 4 * GiB)),
+        ("gamma, shape 1 (exponential)", lambda rng: rng.gammavariate(1.0, 8 * GiB)),
+        ("Weibull, shape 1.5", lambda rng: rng.weibullvariate(8 * GiB, 1.5)),
+    ],
+)
+def test_one_job_s_p95_forecast_keeps_within_a_tenth_on_heavy_tails(law: str, draw: Any) -> None:
+    """Issue 36, item 3: jobs from a gamma or a Weibull law (skewed right, as memory peaks are),
+    300 runs of 1 to 16 jobs (seeded), each sample its run's mean: the forecast is within 10 % of
+    the law's true P95 (read from 200,000 draws), where the normal's m + 1.645 d falls short."""
+    import random
+
+    rng = random.Random(11)
+    truth = sorted(draw(rng) for _ in range(200_000))[190_000]
+    runs = []
+    for i in range(300):
+        n = rng.randint(1, 16)
+        runs.append(sample(node=f"n{i}", peak=int(sum(draw(rng) for _ in range(n)) / n), concurrency=n))
+    estimate = job_p95([(s, 1.0) for s in runs])
+    assert estimate is not None
+    assert abs(estimate[0] / truth - 1) < 0.10, (law, estimate[0] / truth)
+    normal = estimate[1] + P95_Z * estimate[2]
+    assert abs(estimate[0] / truth - 1) < abs(normal / truth - 1), (law, estimate[0] / truth, normal / truth)
 
 
 def test_the_p95_forecast_comes_from_the_node_then_its_class_then_the_fleet() -> None:
@@ -793,9 +829,9 @@ def test_metrics_carry_each_class_s_recommendation_and_floor(db_url: str) -> Non
         assert gauge("floor_per_job_bytes", "h100") == math.ceil(15 * GiB * OOM_BUMP)
         assert gauge("recommended_per_job_bytes", "h100") == math.ceil(15 * GiB * OOM_BUMP)
         assert gauge("samples", "h100") == 14
-        # one job's P95: 11 GiB + 1.6449 x sqrt(4) x 1 GiB from l4's own 10 runs; a100 and h100
-        # have too few runs of their own and take the fleet's 13 that ended well
-        assert gauge("job_peak_p95_bytes", "l4") == math.ceil(11 * GiB + P95_Z * 2 * GiB)
+        # one job's P95: the gamma's of 11 GiB and a spread of sqrt(4) x 1 GiB from l4's own 10 runs;
+        # a100 and h100 have too few runs of their own and take the fleet's 13 that ended well
+        assert gauge("job_peak_p95_bytes", "l4") == math.ceil(gamma_p95(11 * GiB, 2 * GiB))
         fleet = [sample(node=f"x{i}", peak=p) for i, p in [*runs, *((i, 12 * GiB) for i in range(3))]]
         assert gauge("job_peak_p95_bytes", "a100") == gauge("job_peak_p95_bytes", "h100")
         assert gauge("job_peak_p95_bytes", "a100") == job_p95([(s, 1.0) for s in fleet])[0]  # type: ignore[index]

@@ -40,6 +40,10 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   from 2 jobs, 2 more kills after their pair's first in one seed; as a guard below 8 jobs, 5-6
   fewer OOM kills in each seed (23, 18 and 28 against 28, 24 and 34), for the same slack (within
   0.4 points) and 0.0-0.3 % fewer jobs per node-hour (BENCHMARKS.md, session 16).
+- **One margin** (with a budget, issue 36): for a run of fewer than ``SPREAD_MIN_JOBS`` jobs the
+  percentile rule's size keeps ``BUDGET_MARGIN`` (0) instead of ``MARGIN``: the budget a run
+  sends already sits a margin under its limit. bench/fleet.py, seeds 23, 1, 2: runs of 2-7 jobs
+  at 24.3-25.5 % slack against a VPA-like sizer's 25.5-27.9 %, 0 OOM kills after their pair's first.
 - **Held at the room** (with a budget): a size above the budget's room (the budget less the
   baseline) is held at the room, one job a run, where the jobs fit it: the class's own samples
   (however few; with none, those the size came from) have their weighted P98 per-job peak within
@@ -65,7 +69,8 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   samples say, whatever it posts. A floor is not bounded so: one kill is the lesson.
 - **Confidence**: ``n / (n + CONFIDENCE_K)`` with ``n`` the samples' summed weights (``K`` = 5):
   0 with none, 0.5 for five fresh samples, lower as they age.
-- **One job's P95 peak, a forecast** (``job_p95``): m + ``P95_Z`` d from the first scope with
+- **One job's P95 peak, a forecast** (``job_p95``): the gamma law's P95 of mean m and spread d
+  (``gamma_p95``) from the first scope with
   ``SPREAD_MIN`` runs that ended well, m and d one job's mean and spread as ``run_moments`` reads
   them from the runs' means (d as seen: a forecast, not a bound). No margin, no floor: what one
   job reaches, for the operator and a new node's first guess, not a size to plan at.
@@ -77,10 +82,10 @@ the largest. That mean is what decides a kill when the peaks coincide; when they
 each job's own peak low, and a percentile of it sits below the percentile of single jobs
 (bench/fleet.py's cold-start line measures by how much). The forecast of one job's P95 reads the
 jobs' spread back out of the means' (d^2 = the mean of n (x - m)^2), so it does not shrink with
-n. Its own biases: the normal's percentile on peaks skewed to the right (low for a heavy far
-tail; high where a rare tail inflates d: on bench/fleet.py's lognormal jobs with 1 % at 2x,
-+1.1 % to +1.6 % at the median over three seeds); correlated jobs in a run (high: their means
-vary more than d / sqrt(n)); the runs that failed, left out with the largest sums (low).
+n. Its own biases: a gamma law's tail where the jobs' own is another (high where a rare far tail
+inflates d: about +3 % on lognormal jobs with 1 % at 2x; low for a tail heavier than a gamma's);
+correlated jobs in a run (high: their means vary more than d / sqrt(n)); the runs that failed,
+left out with the largest sums (low).
 
 Node class: the observation's ``node_class`` (an operator's label), else derived from the node's
 latest report: the GPU model and the host's RAM to the nearest power of two GiB
@@ -105,6 +110,11 @@ WINDOW_MS = 14 * 24 * HOUR_MS  # a sample 14 days old weighs 2 ** -7: under 1 %
 MAX_SAMPLES = 2000  # per scope, the newest
 PERCENTILE = 0.98
 MARGIN = 0.10
+# With a budget (a run's size, ``recommend(budget=...)``) the percentile rule keeps no margin of its
+# own: the budget a run sends already sits a margin under its limit (the auto budget: 10 % of the
+# limit, at least 256 MiB, at most 10 GiB: policy/budget.py), and a second one here left small
+# runs more slack than a VPA-like sizer's (issue 36, item 3: one margin, said once).
+BUDGET_MARGIN = 0.0
 OOM_BUMP = 1.3
 MIN_SAMPLES = 3
 MIN_PER_JOB = 1 << 20  # a learned size is never below 1 MiB (a job that rose 0 bytes still needs some)
@@ -366,24 +376,46 @@ def per_run_size(weighted: Sequence[tuple[Sample, float]], room: int) -> tuple[i
 
 
 def job_p95(weighted: Sequence[tuple[Sample, float]]) -> tuple[int, float, float, int] | None:
-    """One job's peak, its 95th percentile estimated (``run_moments``): (m + ``P95_Z`` d, m, d,
-    runs), or None with too few runs that ended well. The normal's percentile over the jobs' own
-    mean and spread, which runs of many jobs hide from a percentile of their means: a forecast of
-    what one job of the scope reaches, not a size to plan at (that keeps its margin and floor)."""
+    """One job's peak, its 95th percentile estimated (``run_moments``): (``gamma_p95(m, d)``, m,
+    d, runs), or None with too few runs that ended well. The percentile of the gamma law of the
+    jobs' own mean and spread, which runs of many jobs hide from a percentile of their means: a
+    forecast of what one job of the scope reaches, not a size to plan at (that keeps its margin
+    and floor)."""
     moments = run_moments(weighted)
     if moments is None:
         return None
     mean, seen, _, runs = moments
-    return min(MAX_SIZE, math.ceil(mean + P95_Z * seen)), mean, seen, runs
+    return min(MAX_SIZE, math.ceil(gamma_p95(mean, seen))), mean, seen, runs
 
 
-def _grown(value: int | None) -> int | None:
-    return None if value is None else min(MAX_SIZE, math.ceil(value * (1 + MARGIN)))
+def gamma_p95(mean: float, spread: float) -> float:
+    """The 95th percentile of the gamma law of *mean* and standard deviation *spread* (shape
+    k = (mean / spread)^2), by Wilson and Hilferty's cube root: mean (1 - 1/(9k) + z / (3 sqrt(k)))^3
+    with z = ``P95_Z`` (E. B. Wilson, M. M. Hilferty, "The distribution of chi-square", PNAS 17,
+    1931; NIST/SEMATECH e-Handbook 7.2.3.1 uses it for chi-square, a gamma). Memory peaks are
+    positive and skewed to the right: the normal's m + 1.645 d read a gamma's or a Weibull's P95
+    9-12 % low, this within 1-2 % on average (issue 36, from 200-400 runs of 1-16 jobs), and
+    +3 % on a lognormal with a 1 % tail at twice the size. Under 1 % off the exact gamma from
+    k = 1 (exponential: -0.9 %); it tends to the normal's as k grows. No spread: the mean."""
+    if spread <= 0 or mean <= 0:
+        return max(0.0, mean)
+    k = (mean / spread) ** 2
+    root = 1 - 1 / (9 * k) + P95_Z / (3 * math.sqrt(k))
+    return float(mean * max(0.0, root) ** 3)
 
 
-def _job_size(pairs: Weighted) -> int | None:
-    """The percentile rule's per-job size over *pairs*: the weighted P98 of the peaks + the margin."""
-    return _grown(weighted_percentile([(s.peak_per_job, w) for s, w in pairs], PERCENTILE))
+def _grown(value: int | None, margin: float = MARGIN) -> int | None:
+    return None if value is None else min(MAX_SIZE, math.ceil(value * (1 + margin)))
+
+
+def _job_size(pairs: Weighted, margin: float = MARGIN) -> int | None:
+    """The percentile rule's per-job size over *pairs*: the weighted P98 of the peaks + *margin*."""
+    return _grown(weighted_percentile([(s.peak_per_job, w) for s, w in pairs], PERCENTILE), margin)
+
+
+def _plain_size(pairs: Weighted) -> int | None:
+    """The percentile rule's per-job size with ``BUDGET_MARGIN``: for a small run's budget."""
+    return _job_size(pairs, BUDGET_MARGIN)
 
 
 def _baseline_size(pairs: Weighted) -> int | None:
@@ -442,6 +474,15 @@ def recommend(
             f"+ {round(MARGIN * 100)} %: per job {job} bytes, "
             + (f"baseline {base} bytes" if measured else f"baseline not measured: the declared {base} bytes")
         )
+        if budget is not None and base is not None and 0 < (budget - base) // job < SPREAD_MIN_JOBS:
+            # A small run (fewer than SPREAD_MIN_JOBS jobs): its budget keeps the one margin.
+            plain = _job_size(raw, BUDGET_MARGIN) if scope == "node" else bounded(_plain_size, raw)
+            if plain is not None and plain < job:
+                job = max(MIN_PER_JOB, plain)
+                said.append(
+                    f"a run of fewer than {SPREAD_MIN_JOBS} jobs: the P{round(PERCENTILE * 100)} + "
+                    f"{round(BUDGET_MARGIN * 100)} %, {job} bytes: the budget already keeps its margin under the limit"
+                )
         source = scope
         break
     else:
@@ -499,7 +540,8 @@ def _forecast(now_ms: int, scopes: Sequence[tuple[Source, str, list[Sample]]]) -
         p95, mean, spread, runs = estimate
         words = (
             f"from {name}'s {runs} runs that ended well: mean per-job peak {round(mean)} bytes and one job's "
-            f"spread {round(spread)} (a run of n jobs varies by it / sqrt(n)); mean + {P95_Z:g} spreads, "
+            f"spread {round(spread)} (a run of n jobs varies by it / sqrt(n)); the P95 of the gamma law of that "
+            "mean and spread, "
             "a forecast, not the size planned at"
         )
         return p95, scope, words
