@@ -77,9 +77,10 @@ def test_the_worker_gets_no_secret_of_oomguard_and_everything_else() -> None:
     assert env["OOMGUARD_BUDGET"] == "1GiB" and env["OOMGUARD_BUDGET_BYTES"] == str(1 << 30)
 
 
-def test_the_variables_oomguard_gives_its_worker_are_never_secrets() -> None:
+def test_the_variables_oomguard_gives_its_worker_are_never_secrets(clean_env: None) -> None:
     """Every OOMGUARD_* variable ``run`` sets for its worker reaches it (plan flags: all of them),
     and none of them is one the scrub drops (``WORKER_VARIABLES``)."""
+    # clean_env: no OOMGUARD_* of the caller (a CI lane's OOMGUARD_TEST_LANE) is counted as run's own.
     env = _worker_env("--per-job", "64MiB", "--max-jobs", "2", env={**SECRETS, **KEPT})
     _no_secret_in(env)
     given = {name for name in env if name.startswith("OOMGUARD_")} - set(KEPT)

@@ -100,8 +100,8 @@ def _host_problem(parts: urllib.parse.SplitResult) -> str | None:
 
         try:
             ipaddress.IPv6Address(host)
-        except ValueError:
-            return "the URL's host in brackets must be an IPv6 address"
+        except ValueError:  # Python 3.11's urlsplit refuses it already, 3.10's does not: one answer on both
+            return f"the URL must be {SHAPE}"
         return None
     name = host[:-1] if host.endswith(".") else host
     if len(name) > 253 or not all(0 < len(label) <= 63 and set(label) <= _HOST_CHARS for label in name.split(".")):
