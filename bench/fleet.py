@@ -33,7 +33,8 @@ and counts one OOM kill. Real baselines are as declared.
 What each policy learns from a run is what ``run --profile`` would measure: the group's peak rise
 over the baseline divided by the concurrency (the mean of the jobs' peaks), and for a killed run
 the size it had reached, (limit - baseline) / C. Ours sends it to the real manager (in process,
-a real SQLite file, ``POST /api/v1/observations`` with the node's class) and asks ``GET
+a real SQLite file, ``POST /api/v1/observations`` with the node's class, a killed run's exit event
+first, which confirms its kill) and asks ``GET
 /api/v1/profiles/P/recommendation?node=N&node_class=C&budget_bytes=BUDGET`` before each run, as
 ``run --learned --node-class C`` asks (BUDGET: the auto budget above); lowering below
 the declared size is allowed for every learning policy. The others are reimplemented here, per profile over the
@@ -632,6 +633,12 @@ class Ours:
                 "time": iso_ms(run.now),
             },
         }
+        if run.killed:  # run sends the exit event beside its observation: the kill is confirmed (store/claims.py)
+            event = {"event": "exit", "reason": "oom-kill", "time": iso_ms(run.now), "concurrency": run.jobs}
+            r = self.client.post(
+                "/api/v1/events", json={"node": run.node, "id": uuid.uuid4().hex, "event": event}, headers=AGENT_H
+            )
+            assert r.status_code == 200, r.text
         r = self.client.post("/api/v1/observations", json=body, headers=AGENT_H)
         assert r.status_code == 200, r.text
         self.calls += 1

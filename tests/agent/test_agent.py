@@ -162,6 +162,32 @@ def test_each_status_has_one_meaning(manager: FakeManager, tmp_path: Path, statu
     assert [r["method"] for r in manager.requests] == ["POST"]  # a redirect is never followed
 
 
+@pytest.mark.parametrize(
+    ("after", "kind"),
+    [
+        ("60", "retry"),
+        ("3599", "retry"),
+        ("3600", "rejected"),
+        ("86400", "rejected"),
+        ("soon", "retry"),
+        ("Wed, 21 Oct 2037 07:28:00 GMT", "retry"),
+    ],
+)
+def test_a_429_that_lasts_is_a_refusal(manager: FakeManager, tmp_path: Path, after: str, kind: str) -> None:
+    """The manager's caps on distinct profiles and classes answer 429 with a day's Retry-After
+    (store/claims.py): the queue goes on past such an item rather than wait behind it for days;
+    a quota's minute stays "try later" (only delay-seconds are read; a date is "later")."""
+    manager.status, manager.headers = 429, {"Retry-After": after}
+    spool = Spool(str(tmp_path))
+    sender = Sender(manager.url, TOKEN, spool, log=Logs())
+    assert sender.post("observation", {"node": "n", "id": "x"}).kind == kind
+    spool.put("observation", {"node": "n", "id": "o-1"})
+    manager.status_for["r-2"] = 200
+    spool.put("report", {"node": "n", "id": "r-2"})
+    assert sender.flush() is (kind == "rejected")
+    assert ("r-2" in manager.stored) is (kind == "rejected")
+
+
 def test_network_failures_are_retry_values(dead_url: str, tmp_path: Path) -> None:
     sender = Sender(dead_url, TOKEN, Spool(str(tmp_path)), log=Logs())
     refused = sender.post("report", {"id": "x"})

@@ -25,6 +25,7 @@ class FakeManager:
         self.status = 200
         self.status_for: dict[str, int] = {}
         self.drop_next = 0
+        self.headers: dict[str, str] = {}  # sent with every answer (Retry-After, say)
         self.requests: list[dict[str, Any]] = []
         self.stored: dict[str, dict[str, Any]] = {}
         self.order: list[str] = []
@@ -106,7 +107,8 @@ def _handler_for(manager: FakeManager) -> type[BaseHTTPRequestHandler]:
             if drop:  # stored, but the answer never arrives
                 self.close_connection = True
                 return
-            extra = {"Location": "https://elsewhere.example/api"} if 300 <= status < 400 else None
+            extra = {"Location": "https://elsewhere.example/api"} if 300 <= status < 400 else {}
+            extra.update(manager.headers)
             self._answer(status, {"error": f"fake answer {status}"} if status >= 300 else {"stored": True}, extra)
 
     return Handler

@@ -174,6 +174,12 @@ def observation_body(**kw: Any) -> dict[str, Any]:
     }
 
 
+def exit_event_body(reason: str = "oom-kill", time: str = "2027-01-15T08:00:00Z") -> dict[str, Any]:
+    """The exit event ``run`` sends beside a failed run's observation (the same ``time``, which
+    confirms it: ``store/claims.py``); *time*: ``observation_body``'s by default."""
+    return {"event": "exit", "reason": reason, "time": time, "signal": 9, "concurrency": 4}
+
+
 def _stop_pg() -> None:
     """SIGINT first: PostgreSQL's fast shutdown, which does not wait for the pools' idle connections."""
     if _PG.proc is not None and _PG.proc.poll() is None:

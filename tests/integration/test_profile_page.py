@@ -68,8 +68,11 @@ def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         report = fixture_report(budget=f"{BUDGET // GiB}GiB")
         for cls, (names, peak) in CLASSES.items():
             for name in names:
-                api(server, "/api/v1/reports", envelope(name, report))
+                api(server, "/api/v1/reports", envelope(name, report, labels={"node_class": cls}))  # its class
                 obs = observation(peak, node_class=cls, outcome="oom-kill" if name == "b1" else "ok")
+                if name == "b1":  # run's exit event beside the kill's observation: it confirms the kill
+                    event = {"event": "exit", "reason": "oom-kill", "time": obs["time"], "concurrency": 4}
+                    api(server, "/api/v1/events", {"node": name, "id": uuid.uuid4().hex, "event": event})
                 api(server, "/api/v1/observations", {"node": name, "id": uuid.uuid4().hex, "observation": obs})
         yield server
     finally:

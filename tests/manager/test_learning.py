@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oomguard._types import FAILURES
 from oomguard.manager.app import create_app
 from oomguard.manager.bodies import CLASS_PATTERN
 from oomguard.manager.learning import (
@@ -40,7 +41,17 @@ from oomguard.manager.settings import Settings
 from oomguard.manager.store import Store
 from oomguard.manager.times import iso_ms
 from oomguard.manager.web.credentials import node_token
-from tests.helpers.manager import AGENT_H, VIEWER, VIEWER_H, Clock, ingest, local_client, make_store, observation_body
+from tests.helpers.manager import (
+    AGENT_H,
+    VIEWER,
+    VIEWER_H,
+    Clock,
+    exit_event_body,
+    ingest,
+    local_client,
+    make_store,
+    observation_body,
+)
 from tests.helpers.manager import db_url_of as _db_url_of
 
 NOW = 1_800_000_000_000
@@ -561,7 +572,13 @@ observation = observation_body  # tests/helpers/manager.py
 
 
 def observe(c: Any, node: str, ingest_id: str | None = None, **kw: Any) -> Any:
-    body = {"node": node, "id": ingest_id or uuid.uuid4().hex, "observation": observation(**kw)}
+    """POST an observation of *node*; a failed run's with its supervisor's exit event first (the
+    same reason and time, as ``run`` sends them: it confirms the failure, ``store/claims.py``)."""
+    sent = observation(**kw)
+    body = {"node": node, "id": ingest_id or uuid.uuid4().hex, "observation": sent}
+    if sent["outcome"] in FAILURES:
+        event = {"node": node, "id": uuid.uuid4().hex, "event": exit_event_body(sent["outcome"], sent["time"])}
+        assert c.post("/api/v1/events", json=event, headers=AGENT_H).status_code == 200
     return c.post("/api/v1/observations", json=body, headers=AGENT_H)
 
 
@@ -718,8 +735,9 @@ def test_a_budget_sizes_the_run_through_the_api_and_a_bad_one_is_a_422(db_url: s
 
 def test_the_operators_class_of_node_comes_from_its_node_class_label(db_url: str) -> None:
     """``--node-class`` travels as the label ``node_class``: a node that reported with it stores its
-    observations under it (no class named in them), and is asked about in it; the class an
-    observation names, and the label on the observation's own envelope, come first."""
+    observations under it (no class named in them), and is asked about in it. An observation that
+    names another class, in its body or its envelope's labels, is a 422 (issue 37: a node speaks
+    only for its own class); a node the manager knows nothing of names its class in its first."""
     store = make_store(db_url, Clock(NOW))
     with app_of(db_url, store) as c:
         for node in ("l1", "l2", "l3"):
@@ -732,12 +750,26 @@ def test_the_operators_class_of_node_comes_from_its_node_class_label(db_url: str
         ingest(store, "x1", labels={"node_class": "not a class"})  # breaks the class rule: not taken
         assert advice(c, node="x1")["node_class"] != "not a class"
         body = {"node": "e1", "id": "e-1", "observation": observation(), "labels": {"node_class": "from-envelope"}}
-        assert c.post("/api/v1/observations", json=body, headers=AGENT_H).status_code == 200
-        for node in ("l1", "l2", "l3"):
-            assert observe(c, node, node_class="named", peak_per_job_bytes=GiB).status_code == 200
+        assert c.post("/api/v1/observations", json=body, headers=AGENT_H).status_code == 200  # its first word
         assert advice(c, node="e1")["node_class"] == "from-envelope"
-        named = advice(c, node_class="named")  # the observations' own class, not their nodes' label
-        assert (named["source"], named["samples"]) == ("class", 3)
+        for node in ("l1", "l2", "l3"):
+            r = observe(c, node, node_class="named", peak_per_job_bytes=GiB)
+            assert r.status_code == 422, r.text
+            assert r.json()["detail"].startswith(
+                "observation.node_class: this node's class is l4-small (its node_class"
+            )
+            other = {"node": node, "id": uuid.uuid4().hex, "observation": observation(), "labels": {"node_class": "x"}}
+            r = c.post("/api/v1/observations", json=other, headers=AGENT_H)
+            assert r.status_code == 422 and r.json()["detail"].startswith("labels.node_class: this node's class is")
+        assert advice(c, node_class="named")["source"] == "fleet"  # nothing was stored for it
+        both = {**body, "id": "e-2", "observation": observation(node_class="y")}
+        r = c.post("/api/v1/observations", json=both, headers=AGENT_H)
+        assert r.status_code == 422 and "differs from the envelope's node_class label" in r.text
+        ingest(store, "d1")  # a report without a label: its class is derived from it
+        derived = advice(c, node="d1")["node_class"]
+        assert observe(c, "d1", node_class=derived).status_code == 200  # its own, named: taken
+        r = observe(c, "d1", node_class="a100")
+        assert r.status_code == 422 and f"class is {derived} (derived from its latest report)" in r.text
 
 
 def test_an_agent_reads_its_own_node_s_recommendation_with_the_token_it_reports_with(db_url: str) -> None:

@@ -49,7 +49,9 @@ def test_the_same_id_from_two_nodes_is_two_rows_and_a_retry_is_one(db_url: str) 
 
     def observation(node: str, ingest_id: str) -> bool:
         body = {"node": node, "id": ingest_id, "observation": observation_body()}
-        return asyncio.run(store.ingest_observation_async(ObservationEnvelope.model_validate(body)))
+        stored = asyncio.run(store.ingest_observation_async(ObservationEnvelope.model_validate(body)))
+        assert isinstance(stored, bool), stored
+        return stored
 
     def report(node: str, ingest_id: str) -> bool:
         return ingest(store, node, ingest_id=ingest_id)
@@ -122,7 +124,7 @@ def test_revision_0011_keeps_the_rows_counts_the_kills_and_downgrades(kind: str,
                 ),
                 row,
             )
-    migrate(url)
+    migrate(url, "0011")
     assert current_revision(engine) == "0011"
     with engine.begin() as conn:
         counts = conn.execute(text("SELECT name, oom_kills_total, pressure_stops_total FROM nodes ORDER BY name"))
@@ -138,6 +140,6 @@ def test_revision_0011_keeps_the_rows_counts_the_kills_and_downgrades(kind: str,
     assert current_revision(engine) == "0010"
     with engine.connect() as conn:
         assert conn.execute(text("SELECT ingest_id FROM reports")).scalars().all() == ["r-1"]
-    migrate(url)
+    migrate(url, "0011")
     assert current_revision(engine) == "0011"
     engine.dispose()

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select, text
 
 from oomguard.manager.app import create_app
-from oomguard.manager.db import current_revision, make_engine, migrate, observations
+from oomguard.manager.db import current_revision, head_revision, make_engine, migrate, observations
 from oomguard.manager.learning import MARGIN, OOM_BUMP
 from oomguard.manager.settings import Settings
 from oomguard.manager.web.credentials import node_token
@@ -27,6 +27,7 @@ from tests.helpers.manager import (
     VIEWER,
     VIEWER_H,
     Clock,
+    exit_event_body,
     local_client,
     make_store,
     migrated_db,
@@ -57,6 +58,9 @@ def observe(c: Any, node: str, ingest_id: str | None = None, **kw: Any) -> str:
     """One observation of class c1 (a node without a report: unchecked); its id."""
     ingest_id = ingest_id or uuid.uuid4().hex
     body = observation_body(profile=PROFILE, node_class="c1", **kw)
+    if body["outcome"] != "ok":  # its supervisor's exit event confirms it (store/claims.py)
+        event = {"node": node, "id": uuid.uuid4().hex, "event": exit_event_body(body["outcome"], body["time"])}
+        assert c.post("/api/v1/events", json=event, headers=AGENT_H).status_code == 200
     r = c.post("/api/v1/observations", json={"node": node, "id": ingest_id, "observation": body}, headers=AGENT_H)
     assert r.status_code == 200, r.text
     return ingest_id
@@ -253,7 +257,7 @@ def test_revision_0010_keeps_every_observation_learned_from_and_downgrades(db_ur
             {"t": NOW, "p": PROFILE},
         )
     migrate(db_url)
-    assert current_revision(engine) == "0011"  # the head, past 0010
+    assert current_revision(engine) == head_revision()  # past 0010
     with engine.connect() as conn:
         assert conn.execute(select(observations.c.ingest_id, observations.c.excluded)).all() == [("o-1", False)]
     with client(db_url) as c:

@@ -40,6 +40,10 @@ from oomguard.errors import BadParameter
 
 ENDPOINTS = {"report": "reports", "event": "events", "observation": "observations"}
 RETRY_4XX = frozenset({408, 429})  # "not now" (RFC 9110 15.5.9, RFC 6585 section 4), not "never"
+# A 429 whose Retry-After (RFC 9110 10.2.3: delay-seconds) is this long or longer is a refusal that
+# lasts (the manager's caps on distinct profiles and classes: a day): "rejected", so that the queue
+# goes on rather than wait behind it.
+LASTING_S = 3600
 TOKEN_4XX = frozenset({401, 403})
 URL_4XX = frozenset({404, 405})
 BODY_EXCERPT = 500  # characters of an error answer kept beside a rejected item
@@ -214,7 +218,16 @@ def http_outcome(err: urllib.error.HTTPError) -> Outcome:
     if 300 <= err.code < 400:
         where = err.headers.get("Location", "?") if err.headers is not None else "?"
         why += f" (redirect to {one_line(where, 100)})"
-    return Outcome(_kind_of(err.code), err.code, why, one_line(text, BODY_EXCERPT))
+    kind = _kind_of(err.code)
+    if err.code == 429 and _retry_after_s(err) >= LASTING_S:
+        kind = "rejected"
+    return Outcome(kind, err.code, why, one_line(text, BODY_EXCERPT))
+
+
+def _retry_after_s(err: urllib.error.HTTPError) -> int:
+    """The answer's ``Retry-After`` in seconds (delay-seconds only); 0 when absent or another form."""
+    value = (err.headers.get("Retry-After", "") if err.headers is not None else "").strip()
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else 0
 
 
 class Client:

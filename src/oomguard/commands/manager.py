@@ -27,6 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "       [--viewer-token T] [--admin-token T] [--retention 30d] [--forget-after 7d] [--allowed-hosts NAMES]\n"
         "       [--max-connections N] [--max-connections-per-client N] [--max-new-nodes N]\n"
         "       [--max-events-per-node N] [--max-observations-per-node N]\n"
+        "       [--max-profiles N] [--max-classes N] [--max-profiles-per-node N] [--max-classes-per-node N]\n"
         "       [--trusted-proxy CIDR]... [--session-ttl 12h]\n"
         "       %(prog)s token NODE [--fleet-secret S]"
     )
@@ -129,6 +130,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "observations one node may send a minute (default 120; or OOMGUARD_MAX_OBSERVATIONS_PER_NODE); beyond: 429",
         "N",
     )
+    for flag, what, default in (
+        ("--max-profiles", "distinct profiles the fleet's observations may name", 200),
+        ("--max-classes", "distinct classes of node the fleet's observations may have", 100),
+        ("--max-profiles-per-node", "distinct profiles one node's observations may name", 16),
+        ("--max-classes-per-node", "distinct classes one node's observations may have", 4),
+    ):
+        variable = "OOMGUARD_" + flag[2:].upper().replace("-", "_")
+        flags.option(
+            parser, flag, f"{what} in the last 14 days (default {default}; or {variable}); a new one beyond: 429", "N"
+        )
     flags.option(
         parser,
         "--trusted-proxy",

@@ -173,6 +173,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.store = store
+    store.caps.set_limits(**settings.caps())  # distinct profiles and classes (store/claims.py)
     app.state.settings = settings
     app.state.health = DbHealth(Redactor(settings.secrets()))
     app.state.sessions = Sessions(settings.viewer_token, settings.session_ttl_s)

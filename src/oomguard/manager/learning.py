@@ -21,8 +21,11 @@ The rule, for one scope (the node itself, its class of node, or the whole fleet)
   seen, for as long as it is in the window. A recommendation is never below its class's floor
   (with a budget, but where it is released or held at the room, below), so the same kill does
   not happen twice for the same reason: a job up to 30 % over its size fits
-  after one kill. (The Kubernetes VPA bumps by x1.2 or +100 MiB, whichever is more, on top of its
-  percentile: a job 25 % over is killed twice before it fits;
+  after one kill. Only a failure the node's own supervisor showed (its exit event of the same
+  reason and time: ``Sample.confirmed``, ``store/claims.py``, issue 37) raises a floor; an
+  unconfirmed one is a sample, which one node moves its class by at most ``BOUNDS`` allows.
+  (The Kubernetes VPA bumps by x1.2 or +100 MiB, whichever is more, on top of its percentile:
+  a job 25 % over is killed twice before it fits;
   vertical-pod-autoscaler/pkg/recommender/model/container.go, ``RecordOOM``.)
 - **At least** ``MIN_PER_JOB`` (1 MiB): a run whose jobs rose nothing above the baseline still
   gets a size a plan can divide by (the VPA's floor is 250 MB, ``podMinMemoryMb``).
@@ -87,8 +90,9 @@ inflates d: about +3 % on lognormal jobs with 1 % at 2x; low for a tail heavier 
 correlated jobs in a run (high: their means vary more than d / sqrt(n)); the runs that failed,
 left out with the largest sums (low).
 
-Node class: the observation's ``node_class`` (an operator's label), else derived from the node's
-latest report: the GPU model and the host's RAM to the nearest power of two GiB
+Node class: the node's own (``store/claims.py``, issue 37: never the observation's word for
+another): its ``node_class`` label (an operator's), else derived from its latest report: the GPU
+model and the host's RAM to the nearest power of two GiB
 (``gpu:NVIDIA-H100-80GB-HBM3/ram:512GiB``, ``cpu/ram:64GiB``), the kind of node the job runs on.
 """
 
@@ -154,6 +158,9 @@ class Sample:
     peak_baseline: int | None  # None: not measured
     concurrency: int
     outcome: str  # one of oomguard._types.OUTCOMES
+    # A failure the node's own supervisor's exit event shows (store/claims.py); only such a one
+    # raises a floor. An unconfirmed one is a sample like any other, bounded as they are.
+    confirmed: bool = True
 
 
 def derive_class(gpus: Any, host_total_bytes: int | None) -> str:
@@ -269,10 +276,11 @@ def bounded(
 
 
 def floor_of(samples: Sequence[Sample]) -> tuple[int, Sample | None]:
-    """(The per-job floor the failures among *samples* raise, 0 for none; the failure that set it)."""
+    """(The per-job floor the confirmed failures among *samples* raise, 0 for none; the failure
+    that set it)."""
     best, why = 0, None
     for s in samples:
-        if s.outcome in FAILURES:
+        if s.outcome in FAILURES and s.confirmed:
             raised = min(MAX_SIZE, math.ceil(max(s.declared_per_job, s.peak_per_job) * OOM_BUMP))
             if raised > best:
                 best, why = raised, s
@@ -433,14 +441,16 @@ def recommend(
     iso: Any = str,
     *,
     budget: int | None = None,
+    memo: dict[str, Any] | None = None,
 ) -> Recommendation:
     """The recommendation for *node* of class *node_class* (either may be None: unknown) from every
     sample of the profile in the window (*samples*: any order; the rule above). *iso* words a time.
     With *budget* (the node's budget for the profile's run), the per-job size is ``per_run_size``'s
     over the node's or its class's samples where they know the spread, in place of the percentile
-    rule's."""
-    live = [s for s in samples if now_ms - s.received_ms <= WINDOW_MS]
-    live.sort(key=lambda s: s.received_ms, reverse=True)
+    rule's. *memo*: a dict shared by calls with the same *now_ms* and *samples* (a page's classes,
+    /metrics' pairs of one profile), which keeps the fleet scope's figures, the same for every
+    class: computed once, not once a class (issue 37, item 2)."""
+    live = _kept(memo, "live", [], lambda: _live(now_ms, samples))
     scopes: list[tuple[Source, str, list[Sample]]] = [
         ("node", f"node {node}", [s for s in live if node is not None and s.node == node][:MAX_SAMPLES]),
         ("class", f"class {node_class}", [s for s in live if node_class is not None and s.node_class == node_class]),
@@ -448,9 +458,14 @@ def recommend(
     ]
     in_class = scopes[1][2] if node_class is not None else scopes[0][2]
     floor, why = floor_of(in_class)
+    doubted = sum(1 for s in in_class if s.outcome in FAILURES and not s.confirmed)
     declared_job = live[0].declared_per_job if live else None  # the newest run's
     declared_base = live[0].declared_baseline if live else None
     said: list[str] = []
+    if doubted:
+        said.append(
+            f"{doubted} failed run(s) not confirmed by an exit event of their node's supervisor: samples, not a floor"
+        )
     source: Source = "declared"
     job, base, n_eff, used = declared_job, declared_base, 0.0, []
     for scope, name, found in scopes:
@@ -458,16 +473,22 @@ def recommend(
             said.append(f"{name}: {len(found)} sample(s) in the last 14 days, fewer than {MIN_SAMPLES}")
             continue
         used = found[:MAX_SAMPLES]
-        raw = weighed(now_ms, used, per_node_cap=False)
-        weighted = raw if scope == "node" else capped(raw)
+        kept = memo if scope == "fleet" else None
+        raw = _kept(kept, "raw", [], lambda u=used: weighed(now_ms, u, per_node_cap=False))
+        weighted = raw if scope == "node" else _kept(kept, "capped", [], lambda r=raw: capped(r))
         n_eff = sum(w for _, w in weighted)
         if scope == "node":  # its own samples: no other node to bound it by
             job, measured_base = _job_size(raw), _baseline_size(raw)
         else:
-            job = bounded(_job_size, raw, said, "the per-job size")
-            measured_base = bounded(_baseline_size, raw, said, "the baseline", rank=lambda s: s.peak_baseline)
+            job = _kept(kept, "job", said, lambda r=raw: bounded(_job_size, r, said, "the per-job size"))
+            measured_base = _kept(
+                kept,
+                "baseline",
+                said,
+                lambda r=raw: bounded(_baseline_size, r, said, "the baseline", rank=lambda x: x.peak_baseline),
+            )
         job = max(MIN_PER_JOB, job or 0)
-        measured = [(s.peak_baseline, w) for s, w in weighted if s.peak_baseline is not None]
+        measured = _kept(kept, "measured", [], lambda p=weighted: any(s.peak_baseline is not None for s, _ in p))
         base = measured_base if measured else declared_base
         said.append(
             f"{name}: the weighted P{round(PERCENTILE * 100)} of {len(used)} sample(s) (half-life 48 h) "
@@ -476,7 +497,11 @@ def recommend(
         )
         if budget is not None and base is not None and 0 < (budget - base) // job < SPREAD_MIN_JOBS:
             # A small run (fewer than SPREAD_MIN_JOBS jobs): its budget keeps the one margin.
-            plain = _job_size(raw, BUDGET_MARGIN) if scope == "node" else bounded(_plain_size, raw)
+            plain = (
+                _job_size(raw, BUDGET_MARGIN)
+                if scope == "node"
+                else _kept(memo if scope == "fleet" else None, "plain", said, lambda r=raw: bounded(_plain_size, r))
+            )
             if plain is not None and plain < job:
                 job = max(MIN_PER_JOB, plain)
                 said.append(
@@ -510,7 +535,7 @@ def recommend(
         mine = f"class {node_class}" if node_class is not None else f"node {node}"
         scope_name = names.get(source, "")
         job = _held_at_room(now_ms, (in_class, mine), (used, scope_name), room=budget - base, job=job, said=said)
-    p95, p95_source, p95_words = _forecast(now_ms, scopes)
+    p95, p95_source, p95_words = _forecast(now_ms, scopes, memo)
     return Recommendation(
         per_job_bytes=job,
         baseline_bytes=base,
@@ -528,13 +553,37 @@ def recommend(
     )
 
 
-def _forecast(now_ms: int, scopes: Sequence[tuple[Source, str, list[Sample]]]) -> tuple[int | None, Source | None, str]:
+def _live(now_ms: int, samples: Sequence[Sample]) -> list[Sample]:
+    """*samples* in the window, the newest first."""
+    return sorted(
+        (s for s in samples if now_ms - s.received_ms <= WINDOW_MS), key=lambda s: s.received_ms, reverse=True
+    )
+
+
+def _kept(memo: dict[str, Any] | None, key: str, said: list[str], compute: Any) -> Any:
+    """*compute*() and the lines it added to *said*, kept in *memo* under *key* (None: no memo),
+    or what *memo* kept: the lines are said again."""
+    if memo is not None and key in memo:
+        value, lines = memo[key]
+        said.extend(lines)
+        return value
+    start = len(said)
+    value = compute()
+    if memo is not None:
+        memo[key] = (value, said[start:])
+    return value
+
+
+def _forecast(
+    now_ms: int, scopes: Sequence[tuple[Source, str, list[Sample]]], memo: dict[str, Any] | None = None
+) -> tuple[int | None, Source | None, str]:
     """One job's P95 peak (``job_p95``) from the first scope, the node's, its class's or the
     fleet's, with ``SPREAD_MIN`` runs that ended well, its scope and how; (None, None, why) where
-    none has."""
+    none has. *memo*: ``recommend``'s."""
     for scope, name, found in scopes:
-        pairs = weighed(now_ms, found[:MAX_SAMPLES], per_node_cap=False)
-        estimate = job_p95(pairs) if scope == "node" else bounded(job_p95, pairs)
+        kept = memo if scope == "fleet" else None
+        pairs = _kept(kept, "raw", [], lambda f=found: weighed(now_ms, f[:MAX_SAMPLES], per_node_cap=False))
+        estimate = job_p95(pairs) if scope == "node" else _kept(kept, "p95", [], lambda p=pairs: bounded(job_p95, p))
         if estimate is None:
             continue
         p95, mean, spread, runs = estimate

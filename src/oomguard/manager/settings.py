@@ -58,6 +58,13 @@ MAX_COUNT = 1_000_000  # the most --max-new-nodes, --max-connections-per-client 
 # (1 s backoff, doubling) send 240 events and 80 observations in their first minute.
 EVENTS_PER_NODE = 300
 OBSERVATIONS_PER_NODE = 120
+# Distinct profiles and classes in the recommender's window (store/claims.py: --max-profiles and
+# the like): a fleet runs a few provers' and trainers' profiles on a few kinds of node; the
+# profile pages and /metrics are measured at these (BENCHMARKS.md, "the fleet's lessons at the caps").
+MAX_PROFILES = 200
+MAX_CLASSES = 100
+MAX_PROFILES_PER_NODE = 16
+MAX_CLASSES_PER_NODE = 4
 NODE_TOKEN_PREFIX = "ogn1."  # web.credentials.PREFIX: a fleet-wide token must not look like a node's
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -92,6 +99,11 @@ class Settings:
     max_new_nodes: int = 1000  # new nodes an hour for a credential not bound to one node
     max_events_per_node: int = EVENTS_PER_NODE  # a node's events (heartbeats too) a minute; past it 429
     max_observations_per_node: int = OBSERVATIONS_PER_NODE  # a node's observations a minute; past it 429
+    # Distinct profiles and classes in the recommender's window (store/claims.py); a new one past a cap: 429.
+    max_profiles: int = MAX_PROFILES
+    max_classes: int = MAX_CLASSES
+    max_profiles_per_node: int = MAX_PROFILES_PER_NODE
+    max_classes_per_node: int = MAX_CLASSES_PER_NODE
     per_client_connections: int = PER_CLIENT_DEFAULT  # open connections per client address
     trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-* headers are believed (none)
     # The working-set alert's line: this share of the effective limit (--working-set-line or
@@ -106,6 +118,15 @@ class Settings:
         if self.host in WILDCARDS:
             return ("*",)
         return tuple(dict.fromkeys((self.host.lower(), *LOCAL_NAMES)))
+
+    def caps(self) -> dict[str, int]:
+        """The caps on distinct profiles and classes, as ``claims.Caps.set_limits`` takes them."""
+        return {
+            "profiles": self.max_profiles,
+            "classes": self.max_classes,
+            "profiles_per_node": self.max_profiles_per_node,
+            "classes_per_node": self.max_classes_per_node,
+        }
 
     def masked_db(self) -> str:
         return mask_url(self.db_url)
@@ -151,6 +172,10 @@ class Settings:
             ("--max-new-nodes", self.max_new_nodes),
             ("--max-events-per-node", self.max_events_per_node),
             ("--max-observations-per-node", self.max_observations_per_node),
+            ("--max-profiles", self.max_profiles),
+            ("--max-classes", self.max_classes),
+            ("--max-profiles-per-node", self.max_profiles_per_node),
+            ("--max-classes-per-node", self.max_classes_per_node),
         ):
             if not 1 <= count <= MAX_COUNT:
                 raise UsageError(f"{flag}: must be 1 to {MAX_COUNT}, got {count}")
@@ -339,6 +364,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ("max_new_nodes", "OOMGUARD_MAX_NEW_NODES", "max_new_nodes"),
         ("max_events_per_node", "OOMGUARD_MAX_EVENTS_PER_NODE", "max_events_per_node"),
         ("max_observations_per_node", "OOMGUARD_MAX_OBSERVATIONS_PER_NODE", "max_observations_per_node"),
+        ("max_profiles", "OOMGUARD_MAX_PROFILES", "max_profiles"),
+        ("max_classes", "OOMGUARD_MAX_CLASSES", "max_classes"),
+        ("max_profiles_per_node", "OOMGUARD_MAX_PROFILES_PER_NODE", "max_profiles_per_node"),
+        ("max_classes_per_node", "OOMGUARD_MAX_CLASSES_PER_NODE", "max_classes_per_node"),
     )
     for name, variable, field in counts:
         if (found := _flag_or_env(args, name, variable)) is not None:

@@ -102,6 +102,13 @@ def migrate(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def head_revision() -> str:
+    """The newest revision of the migrations this manager carries."""
+    from alembic.script import ScriptDirectory
+
+    return str(ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head())
+
+
 def current_revision(engine: Engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
 

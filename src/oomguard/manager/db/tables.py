@@ -138,6 +138,7 @@ events = Table(
     Column("body", Text, nullable=False),
     Index("ix_events_node_time", "node_id", "received_ms"),
     Index("ix_events_reason_time", "reason", "received_ms"),
+    Index("ix_events_node_agent_time", "node_id", "time"),  # revision 0012: an exit confirms a failed run
     UniqueConstraint("node_id", "ingest_id", name="uq_events_node_ingest"),  # revision 0011: ids by node
 )
 
@@ -163,9 +164,13 @@ observations = Table(
     Column("concurrency", Integer, nullable=False),
     Column("outcome", String(16), nullable=False),
     Column("excluded", Boolean, nullable=False, server_default=false()),  # revision 0010
+    # Revision 0012: a failed run (oom-kill, pressure-stop) that an exit event of the node's own
+    # supervisor shows (store/claims.py); only a confirmed failure raises its class's floor.
+    Column("confirmed", Boolean, nullable=False, server_default=false()),
     Index("ix_observations_profile_time", "profile", "received_ms"),
     Index("ix_observations_class_time", "profile", "node_class", "received_ms"),
     Index("ix_observations_node_time", "node_id", "received_ms"),
+    Index("ix_observations_node_observed", "node_id", "observed"),  # revision 0012
     UniqueConstraint("node_id", "ingest_id", name="uq_observations_node_ingest"),  # revision 0011: ids by node
 )
 

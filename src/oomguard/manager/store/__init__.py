@@ -35,9 +35,11 @@ from oomguard.manager.db import fleet_read
 from oomguard.manager.retention import Retention
 from oomguard.manager.settings import Settings
 from oomguard.manager.store import alerting, learned, profiles, queries
+from oomguard.manager.store.claims import Caps, Refused
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES as DEFAULT_WRITE_QUEUE_BYTES
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
 from oomguard.manager.store.history import parse_cursor
+from oomguard.manager.store.kept import Kept
 from oomguard.manager.store.overview import Overview
 from oomguard.manager.store.queries import DEFAULT_SORT, SORT_KEYS
 from oomguard.manager.store.writer import Writer
@@ -65,14 +67,17 @@ class Store:
         working_set_line: float = Settings.working_set_line,
         clock: Callable[[], int] = now_ms,
         write_queue_bytes: int = DEFAULT_WRITE_QUEUE_BYTES,
+        caps: Caps | None = None,
     ) -> None:
         self.engine = engine
         self.default_interval_ms = int(default_interval_s * 1000)
         self.retention_ms = int(retention_s * 1000)
         self.line = working_set_line  # the working-set alert's line, a share of the effective limit
         self.clock = clock
-        self._writer = Writer(engine, clock, working_set_line, write_queue_bytes)
+        self._writer = Writer(engine, clock, working_set_line, write_queue_bytes, caps)
+        self.caps = self._writer.caps  # distinct profiles and classes (claims.Caps): set by the app's settings
         self.overview_kept = Overview(clock, fleet_size)
+        self.lessons = Kept()  # /metrics' recommendations, kept while their profile's observations hold
         forget_ms = int(forget_after_s * 1000) if forget_after_s else None
         self.retention = Retention(
             engine, self.retention_ms, forget_after_ms=forget_ms, default_interval_ms=self.default_interval_ms
@@ -88,8 +93,9 @@ class Store:
         """Store an event (received now); False when its id was stored before."""
         return await self._writer.event(env, body_json)
 
-    async def ingest_observation_async(self, env: ObservationEnvelope) -> bool:
-        """Store an observation (received now); False when its id was stored before."""
+    async def ingest_observation_async(self, env: ObservationEnvelope) -> bool | Refused:
+        """Store an observation (received now); False when its id was stored before; ``Refused``
+        where its node may not post it (``claims``)."""
         return await self._writer.observation(env)
 
     async def warm(self, limit: int) -> list[str]:
@@ -247,7 +253,7 @@ class Store:
     def class_recommendations(self) -> list[dict[str, Any]]:
         """Each observed (profile, class)'s recommendation for a new node of it (``learned.by_class``)."""
         with self.engine.connect() as conn:
-            return learned.by_class(conn, self.clock())
+            return learned.by_class(conn, self.clock(), self.lessons)
 
     def summary(self) -> dict[str, int]:
         with self._fleet() as conn:

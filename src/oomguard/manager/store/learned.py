@@ -16,6 +16,7 @@ manager has never heard of.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -25,6 +26,7 @@ from oomguard.labels import CLASS_LABEL
 from oomguard.manager import learning
 from oomguard.manager.db import latest_reports, nodes, observations
 from oomguard.manager.store import text
+from oomguard.manager.store.kept import Kept, signatures
 from oomguard.manager.times import iso_ms
 from oomguard.nodes import node_class_problem
 
@@ -39,6 +41,7 @@ _COLUMNS = (
     observations.c.peak_baseline_bytes,
     observations.c.concurrency,
     observations.c.outcome,
+    observations.c.confirmed,
 )
 
 LEARNED = observations.c.excluded == false()  # an observation the rule learns from: not excluded
@@ -65,6 +68,7 @@ def samples_of(conn: Connection, profile: str, since_ms: int, *where: Any) -> di
             peak_baseline=None if r[7] is None else int(r[7]),
             concurrency=int(r[8]),
             outcome=str(r[9]),
+            confirmed=bool(r[10]),
         )
         for r in conn.execute(query).all()
     }
@@ -110,20 +114,6 @@ def labelled_class(labels_json: str | None) -> str | None:
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) and node_class_problem(value) is None else None
-
-
-def stored_class(conn: Connection, node_id: int) -> str:
-    """The class a new observation of the node is stored with when it names none: the operator's
-    (the node's label), else the one derived from its latest report."""
-    row = conn.execute(
-        select(nodes.c.labels, nodes.c.gpus, nodes.c.host_total_bytes).where(nodes.c.id == node_id)
-    ).first()
-    if row is None:
-        return learning.derive_class([], None)
-    labelled = labelled_class(row.labels)
-    if labelled is not None:
-        return labelled
-    return learning.derive_class(text.loads(row.gpus) if row.gpus else [], row.host_total_bytes)
 
 
 def node_class_of(conn: Connection, profile: str, node_id: int) -> str | None:
@@ -176,10 +166,11 @@ def recommendation(
 CLASSES_SHOWN = 500  # the most (profile, class) pairs /metrics carries, most observed first
 
 
-def by_class(conn: Connection, now: int) -> list[dict[str, Any]]:
+def by_class(conn: Connection, now: int, kept: Kept | None = None) -> list[dict[str, Any]]:
     """For each (profile, class) observed in the window (at most ``CLASSES_SHOWN``, the most
     observed first): what a new node of the class would be told (no node's own samples), for
-    /metrics."""
+    /metrics. A profile's answers are computed once for all its classes (``learning.recommend``'s
+    memo), and kept in *kept* while its observations do not change (``store/kept.py``)."""
     since = now - learning.WINDOW_MS
     pairs = conn.execute(
         select(observations.c.profile, observations.c.node_class, func.count())
@@ -188,13 +179,24 @@ def by_class(conn: Connection, now: int) -> list[dict[str, Any]]:
         .order_by(func.count().desc(), observations.c.profile, observations.c.node_class)
         .limit(CLASSES_SHOWN)
     ).all()
-    fleets: dict[str, dict[int, learning.Sample]] = {}
-    out = []
+    classes: dict[str, list[str]] = {}
     for profile, node_class, _ in pairs:
-        if profile not in fleets:
-            fleets[profile] = samples_of(conn, profile, since)
-        fleet = fleets[profile]
-        found = fleet | _scope(conn, fleet, since, profile=profile, node_class=node_class)
-        answer = learning.recommend(now, None, node_class, list(found.values()), iso_ms)
-        out.append({"profile": profile, "node_class": node_class, "answer": answer})
-    return out
+        classes.setdefault(str(profile), []).append(str(node_class))
+    marks = signatures(conn, since, LEARNED) if kept is not None else {}
+
+    def answers(profile: str) -> dict[str, learning.Recommendation]:
+        found = fleet = samples_of(conn, profile, since)
+        for node_class in classes[profile]:  # a class's older samples, where the fleet's read did not hold them
+            found = found | _scope(conn, fleet, since, profile=profile, node_class=node_class)
+        memo: dict[str, Any] = {}
+        samples = list(found.values())
+        return {c: learning.recommend(now, None, c, samples, iso_ms, memo=memo) for c in classes[profile]}
+
+    out: list[dict[str, Any]] = []
+    for profile, names in classes.items():
+        key = ("by_class", profile, tuple(names))
+        compute = functools.partial(answers, profile)
+        told = compute() if kept is None else kept.get(key, marks.get(profile), now, compute)
+        out.extend({"profile": profile, "node_class": c, "answer": told[c]} for c in names)
+    order = {(str(p), str(c)): i for i, (p, c, _) in enumerate(pairs)}
+    return sorted(out, key=lambda r: order[(r["profile"], r["node_class"])])

@@ -121,12 +121,13 @@ def profile_view(conn: Connection, now: int, profile: str, offset: int = 0) -> d
             select(nodes.c.name, nodes.c.budget_bytes).where(nodes.c.name.in_(sorted({s.node for s in samples})))
         ).all()
     )
-    fleet = learning.recommend(now, None, None, samples, iso_ms)
+    memo: dict[str, Any] = {}  # the fleet scope's figures, computed once for every class (learning.recommend)
+    fleet = learning.recommend(now, None, None, samples, iso_ms, memo=memo)
     classes = []
     total = {"today": 0, "learned": 0, "nodes": 0, "unknown": 0}
     for node_class in sorted({s.node_class for s in samples}):
         mine = [s for s in samples if s.node_class == node_class]
-        answer = learning.recommend(now, None, node_class, samples, iso_ms)
+        answer = learning.recommend(now, None, node_class, samples, iso_ms, memo=memo)
         for_budget: dict[int, learning.Recommendation] = {}  # the nodes of a class share a few budgets
         today = learned = counted = unknown = 0
         for node in sorted({s.node for s in mine}):
@@ -135,7 +136,9 @@ def profile_view(conn: Connection, now: int, profile: str, offset: int = 0) -> d
             told = answer
             if budget is not None:
                 if budget not in for_budget:
-                    for_budget[budget] = learning.recommend(now, None, node_class, samples, iso_ms, budget=budget)
+                    for_budget[budget] = learning.recommend(
+                        now, None, node_class, samples, iso_ms, budget=budget, memo=memo
+                    )
                 told = for_budget[budget]
             after = jobs_at(budget, told.per_job_bytes, told.baseline_bytes)
             if before is None or after is None:

@@ -33,13 +33,14 @@ from sqlalchemy import Connection, Engine, and_, bindparam, case, delete, func, 
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from oomguard.labels import CLASS_LABEL
 from oomguard.manager import contract
 from oomguard.manager.alerts import DEFAULT_LINE, largest_consumer_budget, working_set_high
 from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
 from oomguard.manager.db import events, latest_reports, node_labels, nodes, observations, reports
 from oomguard.manager.store import history
+from oomguard.manager.store.claims import Caps, Refused, confirm, confirmed, own_class
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES, GroupCommitter
-from oomguard.manager.store.learned import labelled_class, stored_class
 from oomguard.manager.times import now_ms
 
 # A supervisor's announced heartbeat interval is kept within these: a dead supervisor that had
@@ -143,14 +144,16 @@ class Writer:
         clock: Callable[[], int] = now_ms,
         line: float = DEFAULT_LINE,
         max_queue_bytes: int = DEFAULT_MAX_BYTES,
+        caps: Caps | None = None,
     ) -> None:
+        self.caps = caps or Caps()  # distinct profiles and classes (claims.Caps), on the writer thread
         self.sqlite = engine.dialect.name == "sqlite"
         self.line = line  # the working-set line, which ``ws_high_since_ms`` is kept by
         self._insert = sqlite_insert if self.sqlite else pg_insert
         self.clock = clock
         self._node_ids: dict[str, int] = {}  # written only by the writer thread
         self.committer = GroupCommitter(
-            engine, on_rollback=self._node_ids.clear, bulk=self._write_reports, max_bytes=max_queue_bytes
+            engine, on_rollback=self._rolled_back, bulk=self._write_reports, max_bytes=max_queue_bytes
         )
         self._insert_reports = (
             self._insert(reports)
@@ -163,6 +166,11 @@ class Writer:
             set_={"received_ms": upsert.excluded.received_ms, "report": upsert.excluded.report},
             where=latest_reports.c.received_ms <= upsert.excluded.received_ms,
         )
+
+    def _rolled_back(self) -> None:
+        """A batch rolled back: what the caches took from it may not be in the database."""
+        self._node_ids.clear()
+        self.caps.reset()
 
     async def report(self, env: ReportEnvelope, report_json: str, agent_ms: int | None = None) -> bool:
         """Store a report received now, with the agent's own time; False when its id was stored before."""
@@ -178,10 +186,11 @@ class Writer:
             return bool(await self.committer.submit_async(self._heartbeat_writer(env, t), size))
         return bool(await self.committer.submit_async(self._event_writer(env, body_json, t), size))
 
-    async def observation(self, env: ObservationEnvelope) -> bool:
-        """Store an observation received now; False when its id was stored before. Without a class
-        in it, the node's: its ``node_class`` label, else derived from its latest report
-        (``store/learned.stored_class``)."""
+    async def observation(self, env: ObservationEnvelope) -> bool | Refused:
+        """Store an observation received now; False when its id was stored before; ``Refused``
+        where the node may not post it (``claims``: another class than its own, or a new profile
+        or class past a cap). Stored with the node's own class (``claims.own_class``), confirmed
+        where its failure is shown by the node's own exit event (``claims.confirmed``)."""
         t, o = self.clock(), env.observation
         values = {
             "ingest_id": env.id,
@@ -195,21 +204,38 @@ class Writer:
             "concurrency": o.concurrency,
             "outcome": o.outcome,
         }
+        label = (env.labels or {}).get(CLASS_LABEL)
+        if o.node_class is not None and label is not None and label != o.node_class:
+            return Refused(422, "observation.node_class: differs from the envelope's node_class label")
+        claimed, where = (o.node_class, "observation.node_class") if o.node_class else (label, "labels.node_class")
 
-        def write(conn: Connection) -> bool:
+        def write(conn: Connection) -> bool | Refused:
             node_id = self._node_id(conn, env.node, t)
-            labels = labels_json(env.labels)
-            # The class it names, else the node_class label it came with, else the node's.
-            node_class = o.node_class or labelled_class(labels) or stored_class(conn, node_id)
-            statement = self._insert(observations).values(node_id=node_id, node_class=node_class, **values)
+            found = own_class(conn, node_id, claimed, where)
+            if isinstance(found, Refused):
+                return found
+            node_class, claim_taken = found
+            stored_before = conn.execute(
+                select(observations.c.id).where(observations.c.node_id == node_id, observations.c.ingest_id == env.id)
+            ).first()
+            if stored_before is not None:
+                return False  # an idempotent retry: no cap counts it twice
+            refused = self.caps.admit(conn, t, node_id, o.profile, node_class)
+            if refused is not None:
+                return refused
+            ok = confirmed(conn, node_id, o.outcome, o.time)
+            statement = self._insert(observations).values(
+                node_id=node_id, node_class=node_class, confirmed=ok, **values
+            )
             stored = conn.execute(
                 statement.on_conflict_do_nothing(index_elements=SCOPE).returning(observations.c.id)
             ).first()
-            if stored is not None and labels is not None:
-                _set_labels(conn, {node_id: labels})
+            if stored is not None and claim_taken:  # a run-only node's first word: its class becomes its label
+                _set_labels(conn, {node_id: str(labels_json({**(env.labels or {}), CLASS_LABEL: node_class}))})
             return stored is not None
 
-        return bool(await self.committer.submit_async(write, 512))
+        result = await self.committer.submit_async(write, 512)
+        return result if isinstance(result, Refused) else bool(result)
 
     async def set_excluded(self, node: str, ingest_id: str, excluded: bool, profile: str | None = None) -> bool:
         """Exclude the observation *ingest_id* of *node* (of *profile*, when given) from what the
@@ -247,6 +273,7 @@ class Writer:
         self._node_ids.pop(name, None)  # the writer thread's cache: a later report creates the node anew
         if node_id is None:
             return False
+        self.caps.forget(int(node_id))
         # Explicitly, not by trusting ON DELETE CASCADE.
         for table in (events, reports, latest_reports, node_labels, observations):
             conn.execute(delete(table).where(table.c.node_id == node_id))
@@ -314,6 +341,8 @@ class Writer:
             row = conn.execute(statement.on_conflict_do_nothing(index_elements=SCOPE).returning(events.c.id)).first()
             if row is None:
                 return False
+            if e.event == "exit":  # the node's own supervisor shows the kill: its observation's floor counts
+                confirm(conn, node_id, e.reason, e.time)
             changes = {**_alive(t), **_event_changes(e, t)}
             conn.execute(update(nodes).where(nodes.c.id == node_id).values(**changes))
             labels = labels_json(env.labels)

@@ -14,6 +14,7 @@ of its node (``bodies.observation_problem``, against its latest report's effecti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Annotated, Any
 
@@ -36,6 +37,7 @@ from oomguard.manager.bodies import (
     whole_bytes,
 )
 from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS, Store
+from oomguard.manager.store.claims import CAP_RETRY_AFTER_S, Refused
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth, classify
 from oomguard.manager.times import parse_iso_ms
 from oomguard.manager.web.deps import (
@@ -43,6 +45,7 @@ from oomguard.manager.web.deps import (
     AgentDep,
     ReaderOrAgentDep,
     StoreDep,
+    compute_read,
     db_read,
     db_write,
     get_store,
@@ -138,14 +141,21 @@ async def post_observation(
     idempotent retry of an id stored before answers ``stored: false``. 422 naming the field where
     the run cannot have fitted the effective limit of the node's latest report
     (``bodies.observation_problem``); a node without a report (run-only) is not checked. 429 past
-    the node's observations a minute (``--max-observations-per-node``: ``web.quotas``)."""
+    the node's observations a minute (``--max-observations-per-node``: ``web.quotas``). A node posts
+    only for its own class (422 naming the field otherwise), and a new profile or class past a cap
+    (``--max-profiles``, ``--max-classes`` and their ``-per-node``) is 429 with ``Retry-After`` a
+    day, which the agent takes as lasting (``store/claims.py``)."""
     await may_write(request, credential, body.node)
     limit = await db_read(request, store.reported_limit, body.node)
     problem = None if limit is None else observation_problem(body.observation, limit)
     if problem is not None:
         raise HTTPException(422, problem)
     within_quota(request, quotas_of(request).observations, body.node)
-    return Stored(stored=await db_write(request, store.ingest_observation_async(body)), id=body.id)
+    stored = await db_write(request, store.ingest_observation_async(body))
+    if isinstance(stored, Refused):  # another class than the node's own (422), or past a cap (429)
+        headers = {"Retry-After": str(CAP_RETRY_AFTER_S)} if stored.status == 429 else None
+        raise HTTPException(stored.status, stored.reason, headers=headers)
+    return Stored(stored=stored, id=body.id)
 
 
 @reads.get("/api/v1/profiles")
@@ -308,15 +318,24 @@ async def get_alerts(request: Request, store: StoreDep) -> dict[str, Any]:
 @reads.get("/metrics", response_class=Response)
 async def metrics(request: Request, store: StoreDep) -> Response:
     """Node series and the manager's own; the latter also while the database cannot be read."""
-    learned: list[dict[str, Any]] = []
+    learned: list[dict[str, Any]] | None = None
     try:
         rows: list[dict[str, Any]] | None = await db_read(request, store.metric_rows)
-        learned = await db_read(request, store.class_recommendations)
     except DatabaseUnavailable:
         rows = None
+    if rows is not None:
+        # The recommender's answers apart: a computation that outlives the request's time is the
+        # recommender's CPU, not the database (issue 37: /metrics said database_up 0 for it).
+        with contextlib.suppress(DatabaseUnavailable):
+            learned = await compute_read(request, store.class_recommendations)
     db_health: DbHealth = request.app.state.health
     text_, content_type = render_metrics(
-        rows, dict(db_health.errors), store.line, learned, quotas_of(request).refused()
+        rows,
+        dict(db_health.errors),
+        store.line,
+        learned,
+        quotas_of(request).refused(),
+        cap_refusals=store.caps.refused,
     )
     return Response(text_, media_type=content_type)
 

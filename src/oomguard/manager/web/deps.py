@@ -290,6 +290,19 @@ async def db_read(request: Request, fn: Callable[..., T], *args: Any, **kwargs: 
     return await _bounded(request, "reads", work)
 
 
+async def compute_read(request: Request, fn: Callable[..., T], *args: Any) -> T | None:
+    """``fn(*args)`` on a worker thread where most of the time is the manager's own CPU (the
+    recommender's answers): None when it outlives the request's time on the database, which is
+    then not counted as a database failure; a database failure is one, as for ``db_read``."""
+    work = anyio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True)
+    try:
+        return await asyncio.wait_for(work, get_settings(request).request_timeout_s)
+    except (TimeoutError, asyncio.TimeoutError):
+        return None  # its thread goes on (abandoned), and keeps its answer for the next read (store/kept.py)
+    except DB_FAILURES as exc:
+        raise request.app.state.health.failure("reads", exc) from exc
+
+
 async def db_write(request: Request, work: Awaitable[T]) -> T:
     """An awaitable write (the store's group commit), within the request's time on the database."""
     return await _bounded(request, "writes", work)

@@ -5,7 +5,11 @@
 database, by kind (``oomguard.manager.store.health.KINDS``; every kind is present from the start, at 0,
 so a rate() over it works before the first failure); ``oomguard_manager_quota_refusals_total{kind}``
 the events and observations answered 429 by their node's quota a minute (``web.quotas``; both
-kinds at 0 from the start). When the database cannot be read, /metrics
+kinds at 0 from the start); ``oomguard_manager_cap_refusals_total`` the observations answered 429
+by a cap on distinct profiles or classes (``store/claims.py``); ``oomguard_manager_recommendations_up``
+is 0 when the ``oomguard_profile_*`` series were not computed within the request's time (the
+recommender's CPU: the database is not blamed for it; ``store/kept.py`` keeps the answer for the
+next scrape). When the database cannot be read, /metrics
 still answers with these (and ``oomguard_manager_database_up 0``), without the node series.
 
 A node's gauge whose value is unknown (a report without usage, say) has no sample, never NaN or
@@ -233,11 +237,22 @@ class _Learned:
 
 
 class _Manager:
-    def __init__(self, db_errors: dict[str, int], db_up: bool, line: float, refusals: dict[str, int]) -> None:
+    def __init__(
+        self,
+        db_errors: dict[str, int],
+        db_up: bool,
+        line: float,
+        refusals: dict[str, int],
+        *,
+        learned_up: bool,
+        cap_refusals: int,
+    ) -> None:
         self.db_errors = db_errors
         self.db_up = db_up
         self.line = line
         self.refusals = refusals
+        self.learned_up = learned_up
+        self.cap_refusals = cap_refusals
 
     def collect(self) -> Iterator[Metric]:
         errors = CounterMetricFamily(
@@ -264,6 +279,17 @@ class _Manager:
         for kind, count in self.refusals.items():
             refused.add_metric([kind], float(count))
         yield refused
+        yield CounterMetricFamily(
+            "oomguard_manager_cap_refusals",
+            "Observations answered 429 because a new profile or class would pass a cap (--max-profiles and the like).",
+            value=float(self.cap_refusals),
+        )
+        yield GaugeMetricFamily(
+            "oomguard_manager_recommendations_up",
+            "1 when this scrape's oomguard_profile_* series were computed within the request's time "
+            "(0: the recommender's CPU, not the database; its answer is kept for the next scrape).",
+            value=float(self.learned_up),
+        )
 
 
 def render_metrics(
@@ -272,13 +298,19 @@ def render_metrics(
     line: float = DEFAULT_LINE,
     learned: list[dict[str, Any]] | None = None,
     refusals: dict[str, int] | None = None,
+    *,
+    cap_refusals: int = 0,
 ) -> tuple[bytes, str]:
     """The exposition: node series from *rows* (None: the database could not be read), what the
-    fleet has learned (*learned*: ``Store.class_recommendations``) and the manager's own (with
-    *refusals*: the per-node quotas' 429s by kind, ``web.quotas``)."""
+    fleet has learned (*learned*: ``Store.class_recommendations``; None: not computed in time) and
+    the manager's own (with *refusals*: the per-node quotas' 429s by kind, ``web.quotas``;
+    *cap_refusals*: the caps' on distinct profiles and classes, ``store/claims.py``)."""
     registry = CollectorRegistry()
     if rows is not None:
         registry.register(_Nodes(rows))
         registry.register(_Learned(learned or []))
-    registry.register(_Manager(db_errors, rows is not None, line, refusals or {}))
+    up = rows is not None and learned is not None
+    registry.register(
+        _Manager(db_errors, rows is not None, line, refusals or {}, learned_up=up, cap_refusals=cap_refusals)
+    )
     return generate_latest(registry), CONTENT_TYPE_LATEST
