@@ -691,6 +691,8 @@ def metric_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         hot = fixture_report()  # a node at its limit: the working-set alert's series exists only while it lasts
         hot["memory"]["working_set_bytes"] = hot["memory"]["effective_bytes"]
         assert client.post("/api/v1/reports", json=envelope("node-hot", hot), headers=AGENT_H).is_success
+        started = {"node": "node-run", "id": "s-1", "event": {"event": "start", "pid": 7}}  # a supervisor state
+        assert client.post("/api/v1/events", json=started, headers=AGENT_H).is_success
         assert client.get("/metrics").status_code == 401, "/metrics needs the viewer token"
         resp = client.get("/metrics", headers=VIEWER_H)
         assert resp.status_code == 200

@@ -110,6 +110,7 @@ def build_fleet(url: str, seed: int) -> None:
     rnd = random.Random(seed)
     more = random.Random(-seed)  # the runtimes and labels: drawn apart, the rest stays as it was
     consumer = random.Random(seed + 1000)  # the consumers' budgets: apart too
+    sup = random.Random(seed + 2000)  # the supervisors' states and the kernel counters' kills (issue 38): apart too
     node_rows, event_rows, label_rows = [], [], []
     for i, (eff, host, budget) in enumerate(budget_rows()):
         name = rnd.choice(["n", "N", "a", "Z", "m_", "m-", "m.", "0"]) + f"{i:04d}-{rnd.randrange(10**6)}"
@@ -136,8 +137,25 @@ def build_fleet(url: str, seed: int) -> None:
                 "refused_message": "plan: 0 jobs of 24 GiB fit the 16 GiB budget" if refused else None,
                 "runtime": more.choice([None, "docker", "kubernetes", "podman"]),
                 **consumer_columns(eff, consumer),
+                "supervisor_state": sup.choice(
+                    [None, None, "running", "restarting", "starting", "exited", "gave-up", "stopped"]
+                ),
+                "heartbeat_interval_ms": sup.choice([None, 10_000, 3_600_000]),
+                "kernel_oom_kills_total": sup.choice([0, 0, 1, 7]),
             }
         )
+        if sup.random() < 0.3:  # a rise of the kernel's counter, within the hour or not
+            event_rows.append(
+                {
+                    "node_id": i + 1,
+                    "ingest_id": f"k-{i}",
+                    "received_ms": NOW - sup.choice([0, HOUR_MS - 1, HOUR_MS, 2 * HOUR_MS]),
+                    "kind": "kernel-oom",
+                    "reason": "oom-kill",
+                    "kills": sup.choice([1, 3]),
+                    "body": json.dumps({"event": "kernel-oom", "kills": 1}),
+                }
+            )
         if more.random() < 0.6:
             label_rows.append({"node_id": i + 1, "key": "pool", "value": more.choice(["a", "b"])})
         for k in range(rnd.choice([0, 0, 1, 2])):
@@ -149,6 +167,7 @@ def build_fleet(url: str, seed: int) -> None:
                     "received_ms": NOW - rnd.choice([0, HOUR_MS - 1, HOUR_MS, 2 * HOUR_MS]),
                     "kind": rnd.choice(["exit", "exit", "exit", "restart"]),
                     "reason": reason,
+                    "kills": None,
                     "body": json.dumps({"event": "exit", "reason": reason}),
                 }
             )

@@ -209,7 +209,9 @@ def test_pressure_stop_alert_lasts_an_hour_the_count_a_day(client: TestClient, c
     event(client, "g", event="exit", reason="pressure-stop", signal=15)
     clock.t += HOUR_MS + 1
     report(client, "g")  # still online
-    assert alerts_of(client, "g") == [] and listed(client)["g"]["alerts"] == 0
+    # The pressure stop's alert is gone after the hour; the worker it stopped was never restarted
+    # (no restart or start event came): that is the supervisor's "exited" alert (issue 38), not it.
+    assert [a["kind"] for a in alerts_of(client, "g")] == ["supervisor-exited"] and listed(client)["g"]["alerts"] == 1
     assert listed(client)["g"]["pressure_stops_24h"] == 1
     clock.t += DAY_MS
     report(client, "g")
@@ -239,7 +241,9 @@ def test_the_alerts_column_is_the_alert_policy(client: TestClient, clock: Clock)
         policy[a["node"]] = policy.get(a["node"], 0) + 1
     rows = listed(client)
     assert {n: r["alerts"] for n, r in rows.items() if r["alerts"]} == policy
-    assert policy == {"host-sized": 1, "over": 1, "pinned": 1, "gone": 1, "worst": 4, "runner": 1}
+    # worst: budget-from-host, offline, oom-kills, pressure-stops and supervisor-exited (its last
+    # event an exit, never restarted); runner: offline and supervisor-lost (a start, then silence).
+    assert policy == {"host-sized": 1, "over": 1, "pinned": 1, "gone": 1, "worst": 5, "runner": 2}
     assert names(client, "sort=-alerts")[0] == "worst"
 
 
@@ -511,8 +515,10 @@ def test_a_node_known_only_from_run_events_is_run_only_while_its_heartbeat_lasts
     clock.t += 3 * MIN_MS + 1  # three missed heartbeats
     assert listed(client)["runner"]["status"] == "offline"
     assert metric_lines(client, "runner")["oomguard_node_up"] == 0
-    [offline] = alerts_of(client, "runner")
+    offline, lost = alerts_of(client, "runner")
     assert offline["kind"] == "offline" and offline["message"].startswith("no event or heartbeat from its supervisor")
+    assert (lost["kind"], lost["severity"]) == ("supervisor-lost", "critical")  # issue 38: not "running" for ever
+    assert listed(client)["runner"]["supervisor_state"] == "lost"
     heartbeat(client, "runner", 10)  # a supervisor with a shorter heartbeat: judged by it
     clock.t += 29_000
     assert listed(client)["runner"]["status"] == "run-only"

@@ -80,7 +80,12 @@ DEFAULT_LINE = 0.9  # the working-set line: this share of the effective limit (S
 LINE_KEY = "working_set_line"  # the line, in the row ``node_alerts`` words
 FROM_HOST_LIMIT = 0.8  # the limit is below this share of the host's RAM ...
 FROM_HOST_BUDGET = 0.5  # ... and the budget at least this share of it: sized from the host
-LAST_HOUR = {"oom-kill": "oom_1h", "pressure-stop": "stops_1h"}  # an exit reason's count of the last hour, by name
+KERNEL_OOM = "kernel-oom"  # the events row of a rise of the kernel's oom_kill counter (store/kernel_ooms.py)
+LAST_HOUR = {"oom-kill": "oom_1h", "pressure-stop": "stops_1h", KERNEL_OOM: "kernel_1h"}  # last hour's count, by name
+# The supervisor's states (``nodes.supervisor_state``, by its latest lifecycle event) in which it
+# sends heartbeats: silent past MISSED_INTERVALS of them, it is ``lost`` (issue 38, item 2).
+ALIVE_STATES = ("running", "restarting", "starting")
+SUPERVISOR_STATES = ("running", "restarting", "starting", "exited", "gave-up", "stopped", "refused", "lost")
 
 
 def current_report(now: int, default_interval_ms: int) -> Any:
@@ -110,28 +115,50 @@ def last_seen() -> Any:
     return case((nodes.c.last_event_ms > nodes.c.last_seen_ms, nodes.c.last_event_ms), else_=nodes.c.last_seen_ms)
 
 
+def supervisor_view(now: int) -> Any:
+    """SQL: the node's supervisor's state (``nodes.supervisor_state``: by its latest lifecycle
+    event), ``lost`` where it is one that sends heartbeats (``ALIVE_STATES``) and neither an event
+    nor a heartbeat arrived within ``MISSED_INTERVALS`` of its interval (issue 38: a SIGKILLed
+    supervisor read "running" for ever); NULL: no supervisor ever heard of."""
+    heartbeat = func.coalesce(nodes.c.heartbeat_interval_ms, HEARTBEAT_MS)
+    silent = or_(nodes.c.last_event_ms.is_(None), now - nodes.c.last_event_ms > MISSED_INTERVALS * heartbeat)
+    return case(
+        (and_(nodes.c.supervisor_state.in_(ALIVE_STATES), silent), "lost"),
+        else_=nodes.c.supervisor_state,
+    )
+
+
 def recent_exits(now: int, node_ids: list[int] | None = None) -> Any:
     """SQL subquery: per node (of *node_ids*, or all), its exit events of the last day by reason,
     counted once (exit events only): ``oom_24h``, ``oom_1h``, ``stops_24h``, ``stops_1h``
-    (pressure stops). Nodes without any have no row (join it outer, and coalesce)."""
+    (pressure stops); and the kernel counter's kills (``kernel-oom`` rows' ``kills``:
+    ``store/kernel_ooms.py``), ``kernel_24h`` and ``kernel_1h``. Nodes without any have no row
+    (join it outer, and coalesce)."""
 
-    def count(reason: str, since: int) -> Any:
-        return func.sum(case((and_(events.c.reason == reason, events.c.received_ms > since), 1), else_=0))
+    def count(reason: str, since: int, kind: Any) -> Any:
+        return func.sum(case((and_(kind, events.c.reason == reason, events.c.received_ms > since), 1), else_=0))
+
+    def kernel(since: int) -> Any:
+        mine = and_(events.c.kind == KERNEL_OOM, events.c.received_ms > since)
+        return func.sum(case((mine, func.coalesce(events.c.kills, 1)), else_=0))
 
     conds = [
         events.c.reason.in_(("oom-kill", "pressure-stop")),
         events.c.received_ms > now - DAY_MS,
-        events.c.kind == "exit",
+        events.c.kind.in_(("exit", KERNEL_OOM)),
     ]
     if node_ids is not None:
         conds.append(events.c.node_id.in_(node_ids))
+    exits = events.c.kind == "exit"
     return (
         select(
             events.c.node_id,
-            count("oom-kill", now - DAY_MS).label("oom_24h"),
-            count("oom-kill", now - HOUR_MS).label(LAST_HOUR["oom-kill"]),
-            count("pressure-stop", now - DAY_MS).label("stops_24h"),
-            count("pressure-stop", now - HOUR_MS).label(LAST_HOUR["pressure-stop"]),
+            count("oom-kill", now - DAY_MS, exits).label("oom_24h"),
+            count("oom-kill", now - HOUR_MS, exits).label(LAST_HOUR["oom-kill"]),
+            count("pressure-stop", now - DAY_MS, exits).label("stops_24h"),
+            count("pressure-stop", now - HOUR_MS, exits).label(LAST_HOUR["pressure-stop"]),
+            kernel(now - DAY_MS).label("kernel_24h"),
+            kernel(now - HOUR_MS).label(LAST_HOUR[KERNEL_OOM]),
         )
         .where(*conds)
         .group_by(events.c.node_id)
@@ -147,6 +174,7 @@ class Seen(NamedTuple):
     exited: Callable[[str], Any]  # SQL: whether the node has an exit event of a reason in the last hour
     current: Any  # SQL: whether its latest report is current (``current_report``)
     line: float  # the working-set line, a share of the effective limit
+    supervisor: Any  # SQL: its supervisor's state, ``lost`` included (``supervisor_view``)
 
 
 def seen_joined(now: int, default_interval_ms: int, recent: Any, line: float = DEFAULT_LINE) -> Seen:
@@ -156,6 +184,7 @@ def seen_joined(now: int, default_interval_ms: int, recent: Any, line: float = D
         lambda reason: func.coalesce(recent.c[LAST_HOUR[reason]], 0) > 0,
         current_report(now, default_interval_ms),
         line,
+        supervisor_view(now),
     )
 
 
@@ -164,10 +193,12 @@ def seen_listed(now: int, default_interval_ms: int, line: float = DEFAULT_LINE) 
     in the last hour (what ``recent_exits`` counts), as an ``IN`` list the database computes once."""
 
     def exited(reason: str) -> Any:
-        recent = and_(events.c.kind == "exit", events.c.reason == reason, events.c.received_ms > now - HOUR_MS)
-        return nodes.c.id.in_(select(events.c.node_id).where(recent))
+        kind = events.c.kind == KERNEL_OOM if reason == KERNEL_OOM else events.c.kind == "exit"
+        recent = and_(kind, events.c.reason == ("oom-kill" if reason == KERNEL_OOM else reason))
+        return nodes.c.id.in_(select(events.c.node_id).where(recent, events.c.received_ms > now - HOUR_MS))
 
-    return Seen(node_status(now, default_interval_ms), exited, current_report(now, default_interval_ms), line)
+    status, current = node_status(now, default_interval_ms), current_report(now, default_interval_ms)
+    return Seen(status, exited, current, line, supervisor_view(now))
 
 
 @dataclass(frozen=True)
@@ -396,6 +427,32 @@ def _oom_kills(r: Mapping[str, Any]) -> str | None:
     return f"{n} OOM kill(s) in the last hour" if n else None
 
 
+def _kernel_oom_kills(r: Mapping[str, Any]) -> str | None:
+    n = r.get(LAST_HOUR[KERNEL_OOM]) or 0
+    if not n:
+        return None
+    return (
+        f"{n} OOM kill(s) in the last hour by the kernel's oom_kill counter of the node's group "
+        "(any process in it, supervised or not)"
+    )
+
+
+def _supervisor(state: str, severity_: str, words: Callable[[Mapping[str, Any]], str]) -> AlertKind:
+    """The alert of a supervisor in *state* (``supervisor_view``), since its latest event."""
+    return AlertKind(
+        f"supervisor-{state}",
+        severity_,
+        lambda s: s.supervisor == state,
+        lambda r: words(r) if r.get("supervisor") == state else None,
+        lambda r: r.get("last_event_ms") if r.get("supervisor") == state else None,
+    )
+
+
+def _since_event(r: Mapping[str, Any]) -> str:
+    event = r.get("last_event_ms")
+    return "never" if event is None else str(iso_ms(int(event)))
+
+
 def _pressure_stops(r: Mapping[str, Any]) -> str | None:
     n = r[LAST_HOUR["pressure-stop"]]
     if not n:
@@ -422,6 +479,26 @@ ALERTS = (  # every kind, in the order node_alerts lists a node's alerts: the li
     AlertKind("consumer-budget-above-limit", "critical", lambda s: _consumer_over_sql(), _consumer_budget_above_limit),
     AlertKind("memlock-below-pinned-need", "critical", lambda s: memlock_sql(), _memlock),
     AlertKind("oom-kills", "critical", lambda s: s.exited("oom-kill"), _oom_kills),
+    AlertKind("kernel-oom-kills", "critical", lambda s: s.exited(KERNEL_OOM), _kernel_oom_kills),
+    _supervisor(
+        "lost",
+        "critical",
+        lambda r: (
+            f"no event or heartbeat from its supervisor since {_since_event(r)}: "
+            f"{MISSED_INTERVALS} heartbeat intervals missed (killed, or its node gone); nothing says its worker runs"
+        ),
+    ),
+    _supervisor(
+        "gave-up",
+        "critical",
+        lambda r: (
+            f"its supervisor gave up restarting the worker at {_since_event(r)}: nothing runs until it is restarted"
+        ),
+    ),
+    _supervisor("exited", "warning", lambda r: f"its worker exited at {_since_event(r)} and was not restarted"),
+    _supervisor(
+        "stopped", "warning", lambda r: f"its supervisor was stopped at {_since_event(r)} (a signal: no restart)"
+    ),
     AlertKind("pressure-stops", "warning", lambda s: s.exited("pressure-stop"), _pressure_stops),
 )
 KINDS = {kind.name: kind.severity for kind in ALERTS}
@@ -467,7 +544,13 @@ def node_alerts(
     last hour, against the working-set *line*. ``since``: when the node got it, where known."""
     if r["status"] == "archived":
         return []
-    row = {**r, LAST_HOUR["oom-kill"]: ooms_last_hour, LAST_HOUR["pressure-stop"]: stops_last_hour, LINE_KEY: line}
+    row = {
+        **r,
+        LAST_HOUR["oom-kill"]: ooms_last_hour,
+        LAST_HOUR["pressure-stop"]: stops_last_hour,
+        LAST_HOUR[KERNEL_OOM]: int(r.get(LAST_HOUR[KERNEL_OOM]) or 0),
+        LINE_KEY: line,
+    }
     found = ((kind, kind.says(row)) for kind in ALERTS)
     return [
         {"node": r["name"], "kind": k.name, "severity": k.severity, "message": m, "since": _iso(k.since(row))}
@@ -501,6 +584,7 @@ __all__ = [
     "seen_joined",
     "seen_listed",
     "severity",
+    "supervisor_view",
     "working_set_high",
     "working_set_high_since",
     "working_set_high_sql",

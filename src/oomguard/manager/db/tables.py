@@ -81,6 +81,14 @@ nodes = Table(
     # stored (/metrics' counters: they never go down, while the events expire at --retention).
     Column("oom_kills_total", BigInteger, nullable=False, server_default="0"),
     Column("pressure_stops_total", BigInteger, nullable=False, server_default="0"),
+    # Revision 0013 (issue 38): the kernel's oom_kill counter of the node's group as its latest
+    # report read it (NULL: unknown), the counter's file (a new one: a new group, counted from 0),
+    # and the kills its rises add up to (store/kernel_ooms.py); the supervisor's lifecycle state by
+    # its latest start, exit, restart, give-up, stop or gate event (NULL: no supervisor heard of).
+    Column("kernel_oom_kill", BigInteger),
+    Column("kernel_oom_source", String(512)),
+    Column("kernel_oom_kills_total", BigInteger, nullable=False, server_default="0"),
+    Column("supervisor_state", String(16)),
     Index("ix_nodes_archived", "archived_ms"),
 )
 
@@ -135,6 +143,7 @@ events = Table(
     Column("concurrency", Integer),
     Column("peak_bytes", BigInteger),
     Column("duration_s", Float),
+    Column("kills", BigInteger),  # revision 0013: a kernel-oom row's kills (the counter's rise)
     Column("body", Text, nullable=False),
     Index("ix_events_node_time", "node_id", "received_ms"),
     Index("ix_events_reason_time", "reason", "received_ms"),

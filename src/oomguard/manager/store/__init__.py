@@ -137,12 +137,15 @@ class Store:
         offset: int = 0,
         sort: str = "name",
         label: tuple[str, str] | None = None,
+        supervisor: str | None = None,
     ) -> dict[str, Any]:
         """A page of node summaries: *status* one of ``alerts.STATUSES`` (None: every node not
         archived), *q* a part of the name, *label* a (key, value) the node's latest labels hold,
-        *sort* a key of ``SORT_KEYS`` (``-`` for descending)."""
+        *supervisor* a supervisor state (``alerts.SUPERVISOR_STATES``), *sort* a key of
+        ``SORT_KEYS`` (``-`` for descending)."""
         with self._fleet() as conn:
             query = {"status": status, "q": q, "limit": limit, "offset": offset, "sort": sort, "label": label}
+            query["supervisor"] = supervisor
             return self._listing(conn, self.clock(), **query)
 
     def _listing(self, conn: Connection, now: int, **query: Any) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from oomguard.manager.alerts import (
     recent_exits,
     seen_joined,
     severity,
+    supervisor_view,
+    working_set_ratio_sql,
 )
 from oomguard.manager.db import nodes
 
@@ -40,6 +42,8 @@ ROW_COLUMNS = (  # what ``node_alerts`` reads of a node row
     "refused_message",
     "consumer_budget_bytes",
     "consumers",
+    "kernel_oom_kills_total",
+    "oom_kills_total",
 )
 
 
@@ -52,23 +56,39 @@ def _alert_rows(now: int, default_interval_ms: int, recent: Any) -> Any:
         current_report(now, default_interval_ms).label("current"),
         func.coalesce(recent.c.oom_1h, 0).label("oom_1h"),
         func.coalesce(recent.c.stops_1h, 0).label("stops_1h"),
+        func.coalesce(recent.c.kernel_1h, 0).label("kernel_1h"),
+        supervisor_view(now).label("supervisor"),
     ).select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
 
 
+def risk_order() -> list[Any]:
+    """ORDER BY of the nodes within an alert group, the riskiest first (issue 38, item 3): the
+    least headroom to the limit (the working set over the effective limit, highest first; unknown
+    last), then the most OOM kills (the kernel counter's, then the supervised ones, all kept on the
+    node), then by name. The manager keeps no pressure reading of its own on the node row; a node
+    under pressure shows it as a high working set or a kill."""
+    return [
+        working_set_ratio_sql().desc().nulls_last(),
+        nodes.c.kernel_oom_kills_total.desc(),
+        nodes.c.oom_kills_total.desc(),
+        nodes.c.name,
+    ]
+
+
 def _candidates(now: int, default_interval_ms: int, recent: Any, line: float) -> Any:
-    """SQL: the nodes with at least one alert, the columns ``node_alerts`` reads, by name."""
+    """SQL: the nodes with at least one alert, the columns ``node_alerts`` reads, riskiest first."""
     seen = seen_joined(now, default_interval_ms, recent, line)
     return (
         _alert_rows(now, default_interval_ms, recent)
         .where(nodes.c.archived_ms.is_(None), any_alert(seen))
-        .order_by(nodes.c.name)
+        .order_by(*risk_order())
     )
 
 
 def fleet_alerts(
     conn: Connection, now: int, default_interval_ms: int, limit: int | None = None, line: float = DEFAULT_LINE
 ) -> list[dict[str, Any]]:
-    """Every node's alerts, nodes by name; at most *limit*."""
+    """Every node's alerts, the riskiest nodes first (``risk_order``); at most *limit*."""
     rows = conn.execute(_candidates(now, default_interval_ms, recent_exits(now), line)).mappings().all()
     out: list[dict[str, Any]] = []
     for r in rows:
@@ -96,12 +116,12 @@ def alert_groups(
     counts: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The overview's alerts: ``{total, groups}``, each group ``{kind, severity, count, start,
-    alerts}`` in ``group_order``; a group lists its first *shown* alerts (nodes by name, as
-    ``fleet_alerts`` orders them), the kind *show_all* its *page* alerts from *start*.
+    alerts}`` in ``group_order``; a group lists its first *shown* alerts (the riskiest nodes first,
+    ``risk_order``, as ``fleet_alerts`` orders them), the kind *show_all* its *page* alerts from *start*.
 
     The counts are one pass over the nodes (``kind_conditions``), or *counts* where the caller
     counted them at the same *now* (``queries.overview``); then, per kind that has any,
-    the ids of the nodes listed (in the database's name order), and one read of those rows alone,
+    the ids of the nodes listed (in ``risk_order``), and one read of those rows alone,
     worded by ``node_alerts``."""
     conds = kind_conditions(now, default_interval_ms, line)
     mine = nodes.c.archived_ms.is_(None)
@@ -111,7 +131,7 @@ def alert_groups(
     listed: dict[str, list[int]] = {}
     for kind, cond in conds.items():
         if counts[kind]:
-            ids = select(nodes.c.id).where(mine, cond).order_by(nodes.c.name)
+            ids = select(nodes.c.id).where(mine, cond).order_by(*risk_order())
             ids = ids.limit(page).offset(start) if kind == show_all else ids.limit(shown)
             listed[kind] = [int(i) for i in conn.execute(ids).scalars()]
     worded = _worded(conn, now, default_interval_ms, sorted({i for ids in listed.values() for i in ids}), line)

@@ -30,6 +30,7 @@ from oomguard.manager.alerts import (
     node_status,
     recent_exits,
     seen_joined,
+    supervisor_view,
     working_set_high_since,
     working_set_ratio,
     working_set_ratio_sql,
@@ -58,11 +59,16 @@ DEFAULT_SORT = "risk"  # the API's and the dashboard's: who is about to OOM firs
 HISTORY_COLUMNS = history.COLUMNS
 
 
-def _filters(cols: Any, state: str | None, q: str | None, label: tuple[str, str] | None = None) -> list[Any]:
-    """The list's conditions on *cols* (``status``, ``archived_ms``, ``name``, ``id``: the nodes'
-    own, or the overview's pass over them): the status asked for, else every node not archived;
-    the name filter; the label filter (*label*: key and value, through ``node_labels``' index)."""
+def _filters(
+    cols: Any, state: str | None, q: str | None, label: tuple[str, str] | None = None, supervisor: str | None = None
+) -> list[Any]:
+    """The list's conditions on *cols* (``status``, ``archived_ms``, ``name``, ``id``, ``supervisor``:
+    the nodes' own, or the overview's pass over them): the status asked for, else every node not
+    archived; the name filter; the label filter (*label*: key and value, through ``node_labels``'
+    index); the supervisor's state (``alerts.supervisor_view``, ``lost`` included)."""
     conds = [cols["status"] == state] if state else [cols["archived_ms"].is_(None)]
+    if supervisor:
+        conds.append(cols["supervisor"] == supervisor)
     if q:
         escaped = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         conds.append(cols["name"].like(f"%{escaped}%", escape="\\"))
@@ -97,6 +103,8 @@ def _counted(
         seen.current.label("current"),
         func.coalesce(recent.c.oom_24h, 0).label("oom_kills_24h"),
         func.coalesce(recent.c.stops_24h, 0).label("pressure_stops_24h"),
+        func.coalesce(recent.c.kernel_24h, 0).label("kernel_oom_kills_24h"),
+        seen.supervisor.label("supervisor"),
         alert_count(seen).label("alerts"),
     ]
     return nodes.outerjoin(recent, recent.c.node_id == nodes.c.id), computed
@@ -115,7 +123,8 @@ def _order(sort: str, cols: Any) -> list[Any]:
 
     ``risk``: the live danger first. The live nodes (online, run-only, refused: ``alerts.LIVE``)
     before the others (offline, archived); within each, working set over limit (unknown or not
-    current last), then open alerts, then OOM kills in 24 h, each highest first: a node at 99 % now
+    current last), then open alerts, then OOM kills in 24 h (supervised, then the kernel
+    counter's), each highest first: a node at 99 % now
     outranks one whose OOM kills are history. ``-risk`` reverses them all. ``working_set_pct``
     puts unknown last both ways. Unknown (NULL) goes first or last by ``NULLS FIRST``/``NULLS
     LAST`` (PostgreSQL, and SQLite since 3.30.0: https://sqlite.org/lang_select.html#nullslast),
@@ -126,8 +135,10 @@ def _order(sort: str, cols: Any) -> list[Any]:
         gone = case((cols["status"].in_(LIVE), 0), else_=1)
         if desc:  # reversed: the least risky first, unknown working set first
             keys = [gone.desc(), ratio.asc().nulls_first(), cols["alerts"].asc(), cols["oom_kills_24h"].asc()]
+            keys.append(cols["kernel_oom_kills_24h"].asc())
         else:
             keys = [gone.asc(), ratio.desc().nulls_last(), cols["alerts"].desc(), cols["oom_kills_24h"].desc()]
+            keys.append(cols["kernel_oom_kills_24h"].desc())
         return [*keys, name.asc()]
     if key == "working_set_pct":
         return [(ratio.desc() if desc else ratio.asc()).nulls_last(), name.asc()]
@@ -148,6 +159,7 @@ def list_nodes(
     line: float = DEFAULT_LINE,
     total: int | None = None,
     ids: list[int] | None = None,
+    supervisor: str | None = None,
 ) -> dict[str, Any]:
     """A page of node summaries (filtered, sorted, then by name) and the number of nodes that match
     (*total* and the page's *ids* where the caller has read them at the same *now*: ``overview``).
@@ -156,7 +168,7 @@ def list_nodes(
     through the sort), then the summaries of those ids alone."""
     joined, computed = _counted(now, interval_ms, line=line)
     cols = _node_columns(computed, sort)
-    conds = _filters(cols, status, q, label)
+    conds = _filters(cols, status, q, label, supervisor)
     if ids is None:
         page = select(nodes.c.id).select_from(joined).where(*conds)
         page = page.order_by(*_order(sort, cols)).limit(limit).offset(offset)
@@ -221,7 +233,14 @@ def _summary(r: Any) -> dict[str, Any]:
         "memlock_soft_bytes": r["memlock_soft_bytes"],
         "cap_ipc_lock": r["cap_ipc_lock"],
         "oom_kills_24h": int(r["oom_kills_24h"] or 0),
+        # The kernel's oom_kill counter of the node's group, apart (store/kernel_ooms.py): its kills
+        # in 24 h and in all (as its rises add up), and its value in the latest report (None: unknown).
+        "kernel_oom_kills_24h": int(r["kernel_oom_kills_24h"] or 0),
+        "kernel_oom_kills_total": int(r["kernel_oom_kills_total"] or 0),
+        "kernel_oom_counter": r["kernel_oom_kill"],
         "pressure_stops_24h": int(r["pressure_stops_24h"] or 0),
+        # Its supervisor's state (alerts.supervisor_view: lost after 3 missed heartbeats); None: none heard of.
+        "supervisor_state": r["supervisor"],
         "alerts": int(r["alerts"] or 0),
         "warnings": warnings,
         "warnings_count": len(warnings),
@@ -251,7 +270,7 @@ def _node_row(conn: Connection, now: int, interval_ms: int, name: str, line: flo
         return None
     recent = recent_exits(now, [int(node_id)])
     joined, computed = _counted(now, interval_ms, [int(node_id)], line)
-    hour = [func.coalesce(recent.c[k], 0).label(k) for k in ("oom_1h", "stops_1h")]
+    hour = [func.coalesce(recent.c[k], 0).label(k) for k in ("oom_1h", "stops_1h", "kernel_1h")]
     whole = latest_reports.c.report.label("latest_json")
     query = select(*SUMMARY_COLUMNS, *computed, *hour, whole).select_from(
         joined.outerjoin(recent, recent.c.node_id == nodes.c.id).outerjoin(
@@ -290,9 +309,11 @@ def node_detail(
     plan = (out["latest"] or {}).get("plan") if isinstance(out["latest"], dict) else None
     planned = plan.get("concurrency") if isinstance(plan, dict) else None
     recent = supervisor.recent_events(conn, row["id"])
-    out["supervisor"] = text.clean(  # its messages are the events' own (supervisor.py reads their JSON)
-        supervisor.state(recent, now, planned if isinstance(planned, int) else None, out["status"] != "offline")
-    )
+    state = supervisor.state(recent, now, planned if isinstance(planned, int) else None, out["status"] != "offline")
+    if state is not None and out["supervisor_state"] == "lost":  # silent for 3 heartbeats: not "running"
+        state |= {"state": "lost", "was": state["state"], "jobs": None, "restart_in_s": None}
+        state["since"] = iso_ms(int(row["last_event_ms"])) if row["last_event_ms"] is not None else state["since"]
+    out["supervisor"] = text.clean(state)  # its messages are the events' own (supervisor.py reads their JSON)
     out["history"], out["history_count"] = history.series(conn, row["id"], history_points, history_since_ms)
     out["events"], out["events_total"] = events_page(conn, row["id"], events_limit)
     if timeline is not None:
@@ -338,6 +359,7 @@ def summary(conn: Connection, now: int, interval_ms: int) -> dict[str, int]:
             func.sum(cast(nodes.c.effective_bytes, Float)).label("effective"),
             func.sum(recent.c.oom_24h).label("oom"),
             func.sum(recent.c.stops_24h).label("stops"),
+            func.sum(recent.c.kernel_24h).label("kernel"),
         )
         .select_from(nodes.outerjoin(recent, recent.c.node_id == nodes.c.id))
         .group_by(status)
@@ -354,7 +376,7 @@ def _cards(rows: Any) -> dict[str, int]:
     report limits near it reach; a double is exact while the total is below 2**53 bytes (8 PiB)
     and rounds past it, where the card shows PiB anyway."""
     out = {"online": 0, "offline": 0, "run_only": 0, "refused": 0, "archived": 0, "effective_bytes": 0}
-    out["oom_kills_24h"] = out["pressure_stops_24h"] = 0
+    out["oom_kills_24h"] = out["pressure_stops_24h"] = out["kernel_oom_kills_24h"] = 0
     for r in rows:
         out[str(r["status"]).replace("-", "_")] = int(r["n"])
         if r["status"] == "online":
@@ -362,6 +384,7 @@ def _cards(rows: Any) -> dict[str, int]:
         if r["status"] != "archived":
             out["oom_kills_24h"] += int(r["oom"] or 0)
             out["pressure_stops_24h"] += int(r["stops"] or 0)
+            out["kernel_oom_kills_24h"] += int(r.get("kernel") or 0)
     return out
 
 
@@ -377,6 +400,7 @@ def overview(
     offset: int,
     sort: str,
     label: tuple[str, str] | None = None,
+    supervisor: str | None = None,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
     """The overview's fleet-wide reads, one statement: (``summary``'s cards, the number of nodes
     not archived that have each alert kind (``alerts.ALERTS``' rules against the working-set
@@ -401,6 +425,8 @@ def overview(
         _working_set_ratio(seen.current).label("ratio"),
         func.coalesce(recent.c.oom_24h, 0).label("oom_kills_24h"),
         func.coalesce(recent.c.stops_24h, 0).label("pressure_stops_24h"),
+        func.coalesce(recent.c.kernel_24h, 0).label("kernel_oom_kills_24h"),
+        seen.supervisor.label("supervisor"),
         *(flag.label(f"kind_{i}") for i, flag in enumerate(kind_flags(seen))),
     ]
     key = sort.lstrip("-")
@@ -412,7 +438,17 @@ def overview(
     alerts = alert_count(seen, kinds, fleet.c.archived_ms)  # of the kinds the pass evaluated, each rule once
     listed = select(fleet, alerts.label("alerts")).subquery("listed")
 
-    names = ["status", "n", "effective", "oom", "stops", *(f"kind_{i}" for i in range(len(kinds))), "id", "pos"]
+    names = [
+        "status",
+        "n",
+        "effective",
+        "oom",
+        "stops",
+        "kernel",
+        *(f"kind_{i}" for i in range(len(kinds))),
+        "id",
+        "pos",
+    ]
     types = [String, BigInteger, Float, *[BigInteger] * (len(names) - 3)]
 
     def part(name: str, **given: Any) -> list[Any]:
@@ -424,13 +460,14 @@ def overview(
         return columns
 
     sums = {"effective": func.sum(fleet.c.effective), "oom": func.sum(fleet.c.oom_kills_24h)}
+    sums["kernel"] = func.sum(fleet.c.kernel_oom_kills_24h)
     sums |= {"stops": func.sum(fleet.c.pressure_stops_24h)} | {f"kind_{i}": func.sum(k) for i, k in enumerate(kinds)}
     counted = select(*part("cards", status=fleet.c.status, n=func.count(), **sums)).group_by(fleet.c.status)
-    conds = _filters(listed.c, status, q, label)
+    conds = _filters(listed.c, status, q, label, supervisor)
     page = select(listed).where(*conds).order_by(*_order(sort, listed.c)).limit(limit).offset(offset).subquery("page")
     ranked = select(*part("page", id=page.c.id, pos=func.row_number().over(order_by=_order(sort, page.c))))
     parts = [counted, ranked]
-    if q or label is not None:
+    if q or label is not None or supervisor:
         parts.append(select(*part("total", n=func.count())).select_from(listed).where(*conds))
     rows = conn.execute(union_all(*parts)).mappings().all()
     per_status = [r for r in rows if r["part"] == "cards"]
@@ -440,7 +477,7 @@ def overview(
         for i, kind in enumerate(ALERTS):
             alerting[kind.name] += int(r[f"kind_{i}"] or 0)
     ids = [int(r["id"]) for r in sorted((r for r in rows if r["part"] == "page"), key=lambda r: r["pos"])]
-    total = listed_total(cards, status, q, label)
+    total = None if supervisor else listed_total(cards, status, q, label)
     if total is None:
         total = next(int(r["n"]) for r in rows if r["part"] == "total")
     listing = list_nodes(
@@ -456,6 +493,7 @@ def overview(
         line=line,
         total=total,
         ids=ids,
+        supervisor=supervisor,
     )
     return cards, alerting, listing
 
@@ -473,7 +511,8 @@ def listed_total(cards: dict[str, int], status: str | None, q: str | None, label
 
 def metric_rows(conn: Connection, now: int, interval_ms: int, line: float = DEFAULT_LINE) -> list[dict[str, Any]]:
     """The numbers of each node not archived, for /metrics, by name; OOM kills and pressure stops
-    ever received (the node's counters: their events expire, the counts stay);
+    ever received (the node's counters: their events expire, the counts stay), and the kernel
+    counter's kills; its supervisor's state (``alerts.supervisor_view``);
     ``ws_high_since_ms``: when its ``working-set-high`` alert began (None: it has none;
     ``alerts.working_set_high_since``)."""
     query = (
@@ -494,6 +533,9 @@ def metric_rows(conn: Connection, now: int, interval_ms: int, line: float = DEFA
             current_report(now, interval_ms).label("current"),
             nodes.c.oom_kills_total,
             nodes.c.pressure_stops_total,
+            nodes.c.kernel_oom_kills_total,
+            nodes.c.warnings.is_(None).label("run_only"),
+            supervisor_view(now).label("supervisor"),
         )
         .where(nodes.c.archived_ms.is_(None))
         .order_by(nodes.c.name)

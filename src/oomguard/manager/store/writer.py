@@ -38,9 +38,10 @@ from oomguard.manager import contract
 from oomguard.manager.alerts import DEFAULT_LINE, largest_consumer_budget, working_set_high
 from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEnvelope
 from oomguard.manager.db import events, latest_reports, node_labels, nodes, observations, reports
-from oomguard.manager.store import history
+from oomguard.manager.store import history, kernel_ooms
 from oomguard.manager.store.claims import Caps, Refused, confirm, confirmed, own_class
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES, GroupCommitter
+from oomguard.manager.store.supervisor import STATES as SUPERVISOR_STATES
 from oomguard.manager.times import now_ms
 
 # A supervisor's announced heartbeat interval is kept within these: a dead supervisor that had
@@ -87,7 +88,7 @@ def labels_json(labels: dict[str, str] | None) -> str | None:
 class _ReportItem:
     """A report waiting for the writer: the history row and the node's new latest values."""
 
-    __slots__ = ("labels", "latest", "node", "report", "row", "t")
+    __slots__ = ("labels", "latest", "node", "oom", "report", "row", "t")
 
     def __init__(
         self, node: str, t: int, row: dict[str, Any], latest: dict[str, Any], report: str, *, labels: str | None
@@ -98,6 +99,7 @@ class _ReportItem:
         self.latest = latest
         self.report = report  # the whole report, JSON
         self.labels = labels  # the envelope's labels, JSON (None: not sent, the node keeps its own)
+        self.oom: tuple[str | None, int | None] = (None, None)  # the kernel's oom_kill counter: file, value
 
     @property
     def key(self) -> tuple[str, str]:
@@ -131,7 +133,9 @@ def _report_item(env: ReportEnvelope, report_json: str, t: int, agent_ms: int | 
         "b_high": int(high),
         **{f"b_{name}": columns[name] for name in contract.COLUMNS},
     }
-    return _ReportItem(env.node, t, row, latest, report_json, labels=labels_json(env.labels))
+    item = _ReportItem(env.node, t, row, latest, report_json, labels=labels_json(env.labels))
+    item.oom = kernel_ooms.oom_counter(env.report)
+    return item
 
 
 class Writer:
@@ -316,6 +320,11 @@ class Writer:
             whole = [{"node_id": n, "received_ms": newest[n].t, "report": newest[n].report} for n in sorted(newest)]
             conn.execute(self._upsert_latest, whole)
         _set_labels(conn, {n: text for n in newest if (text := newest[n].labels) is not None})
+        counted = [it for it in fresh if (ids[it.node], it.row["ingest_id"]) in stored]
+        kernel_ooms.count(
+            conn,
+            [kernel_ooms.Seen(ids[it.node], it.t, it.row["agent_ms"], it.row["ingest_id"], *it.oom) for it in counted],
+        )
         return [first[it.key] is it and (ids[it.node], it.row["ingest_id"]) in stored for it in items]
 
     def _event_writer(self, env: EventEnvelope, body_json: str, t: int) -> Callable[[Connection], bool]:
@@ -375,6 +384,11 @@ def _event_changes(e: Any, t: int) -> dict[str, Any]:
     later start or passed gate), and the count of its OOM kills or pressure stops (an exit's)."""
     changes: dict[str, Any] = {}
     never_reported = nodes.c.warnings.is_(None)
+    lifecycle = SUPERVISOR_STATES.get(e.event)
+    if e.event == "gate":
+        lifecycle = "starting" if e.passed else "refused"
+    if lifecycle is not None:
+        changes["supervisor_state"] = lifecycle
     counter = COUNTERS.get(e.reason or "") if e.event == "exit" else None
     if counter is not None:
         changes[counter] = nodes.c[counter] + 1

@@ -24,7 +24,7 @@ from pydantic import BeforeValidator
 from sqlalchemy import Engine, text
 
 from oomguard.manager import contract
-from oomguard.manager.alerts import STATUSES
+from oomguard.manager.alerts import STATUSES, SUPERVISOR_STATES
 from oomguard.manager.bodies import (
     CLASS_PATTERN,
     ID_PATTERN,
@@ -204,15 +204,16 @@ async def get_nodes(
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     sort: Annotated[str, Query(pattern="^-?(" + "|".join(SORT_KEYS) + ")$")] = DEFAULT_SORT,
     label: Annotated[str | None, Query(max_length=320, pattern=NO_NUL, description="KEY=VALUE")] = None,
+    supervisor: Annotated[str | None, Query(pattern="^(" + "|".join(SUPERVISOR_STATES) + ")$")] = None,
 ) -> dict[str, Any]:
     """Node summaries, a page at a time. Without *status*, every node but the archived ones.
     *sort* ``risk`` (the default): the live nodes first (online, run-only, refused), by working
     set over limit, then open alerts, then OOM kills in 24 h; the offline ones after them.
-    *label* ``KEY=VALUE``: the nodes whose latest labels hold it."""
+    *label* ``KEY=VALUE``: the nodes whose latest labels hold it. *supervisor*: the nodes whose
+    supervisor is in that state (``lost``: silent for 3 heartbeat intervals)."""
     wanted = parse_label(label)
-    return await db_read(
-        request, store.list_nodes, status=status, q=q, limit=limit, offset=offset, sort=sort, label=wanted
-    )
+    query = {"status": status, "q": q, "limit": limit, "offset": offset, "sort": sort, "label": wanted}
+    return await db_read(request, store.list_nodes, **query, supervisor=supervisor)
 
 
 def parse_label(text: str | None) -> tuple[str, str] | None:

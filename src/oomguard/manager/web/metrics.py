@@ -132,7 +132,8 @@ class _Nodes:
                 if key in CURRENT_ONLY and not r.get("current", r["status"] == "online"):
                     continue  # an offline node's last usage is history, not a reading: no sample
                 if v is None and key == "memlock_soft_bytes" and r["effective_bytes"] is not None:
-                    v = math.inf
+                    # A report's null soft limit is unlimited; a run-only node sent none: unknown, no sample.
+                    v = None if r.get("run_only") else math.inf
                 if v is not None:
                     g.add_metric([r["name"]], float(v))
             yield g
@@ -164,7 +165,7 @@ class _Nodes:
         yield from consumer_gauges(self.rows)
         c = CounterMetricFamily(
             "oomguard_oom_kills",
-            "OOM kills reported by the node's supervisor, kept across container restarts.",
+            "OOM kills reported by the node's supervisor (run's exit events), kept across container restarts.",
             labels=["node"],
         )
         stops = CounterMetricFamily(
@@ -182,12 +183,30 @@ class _Nodes:
             "1 while the node reports (or, run-only, its supervisor's heartbeat arrives), 0 once it is offline.",
             labels=["node"],
         )
+        kernel = CounterMetricFamily(
+            "oomguard_kernel_oom_kills",
+            "OOM kills of any process in the node's group, by the kernel's oom_kill counter its agent reports "
+            "(the counter's rises, summed; kept apart from the supervised ones, never added to them).",
+            labels=["node"],
+        )
+        supervisor = GaugeMetricFamily(
+            "oomguard_supervisor_state",
+            "1 for the node's supervisor's state (lost: no event or heartbeat for 3 heartbeat intervals); "
+            "nodes without a supervisor have no sample.",
+            labels=["node", "state"],
+        )
         for r in self.rows:
             c.add_metric([r["name"]], float(r["oom_kills_total"] or 0))
+            if not r.get("run_only"):  # a node whose agent reports: its kernel counter is known
+                kernel.add_metric([r["name"]], float(r.get("kernel_oom_kills_total") or 0))
+            if r.get("supervisor"):
+                supervisor.add_metric([r["name"], str(r["supervisor"])], 1.0)
             stops.add_metric([r["name"]], float(r.get("pressure_stops_total") or 0))
             seen.add_metric([r["name"]], r["last_seen_ms"] / 1000)
             up.add_metric([r["name"]], 1.0 if r["status"] in ("online", "run-only") else 0.0)
         yield c
+        yield kernel
+        yield supervisor
         yield stops
         yield seen
         yield up
