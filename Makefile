@@ -12,7 +12,7 @@ CONSTRAINTS := constraints.txt
 # of CPU per process here ("pytest -p no:cacheprovider --collect-only" under cProfile).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-fast deps lint typecheck pytest cov fmt bench clean system-deps pyz upgrade-deps \
+.PHONY: run test test-fast deps lint typecheck pytest cov fmt bench clean system-deps pyz dist upgrade-deps \
 	test-py310 test-newest cov-floor test-repeat
 
 # The dev tools and the manager's libraries at the versions in constraints.txt (pip -c).
@@ -197,3 +197,12 @@ REPEAT ?= 5
 REPEAT_ARGS ?=
 test-repeat: $(STAMP)
 	$(BIN)/python tools/repeat_tests.py -n $(REPEAT) $(REPEAT_ARGS)
+
+# A release's files in dist/: the sdist and the wheel (python -m build: an isolated build with the
+# pyproject's setuptools), the worker's zipapp (pyz), all checked by twine (metadata, README).
+# docs/release.md: the release procedure.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --sdist --wheel --outdir dist .
+	$(MAKE) --no-print-directory pyz PY=$(BIN)/python DIST=dist
+	$(BIN)/twine check --strict dist/*.whl dist/*.tar.gz
