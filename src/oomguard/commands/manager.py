@@ -29,7 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "       [--max-events-per-node N] [--max-observations-per-node N]\n"
         "       [--max-profiles N] [--max-classes N] [--max-profiles-per-node N] [--max-classes-per-node N]\n"
         "       [--trusted-proxy CIDR]... [--session-ttl 12h]\n"
-        "       %(prog)s token NODE [--fleet-secret S]"
+        "       %(prog)s token NODE [--fleet-secret S]\n"
+        "       %(prog)s migrate [--check] [--db URL]"
     )
     parser.description = SUMMARY
     parser.epilog = (
@@ -42,7 +43,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "believed only from --trusted-proxy addresses (none by default).\n" + flags.DURATIONS
     )
     parser.add_argument(
-        "action", nargs="?", metavar="token", type=flags.OneOf(("token",)), help="print NODE's agent token and exit"
+        "action",
+        nargs="?",
+        metavar="token|migrate",
+        type=flags.OneOf(("token", "migrate")),
+        help="token: print NODE's agent token and exit; migrate: apply the database's migrations and exit",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="with migrate: change nothing, exit 3 when the database is behind this manager (2 when ahead)",
     )
     parser.add_argument("node", nargs="?", metavar="NODE", help="the node whose token 'token' prints")
     flags.option(parser, "--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL")

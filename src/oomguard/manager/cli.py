@@ -1,6 +1,8 @@
-"""``oomguard manager``: check the settings, migrate the database, bind the port, print one start
-line (and a warning when the fleet-wide agent token is on), serve. ``oomguard manager token NODE``
-prints NODE's own agent token instead (``web.credentials``; standard library only).
+"""``oomguard manager``: check the settings, migrate the database (a line per revision applied; a
+database ahead of this manager is refused), bind the port, print one start line (and a warning
+when the fleet-wide agent token is on), serve. ``oomguard manager token NODE`` prints NODE's own
+agent token instead (``web.credentials``; standard library only); ``oomguard manager migrate
+[--check]`` migrates (or only checks) and exits (``db.steps``).
 
 The options are defined with the other commands' (``oomguard.commands.manager``, the lazy bridge,
 which imports this module only when the command runs); ``settings.settings_from`` turns them into
@@ -12,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from oomguard.errors import EXIT_OK, UsageError
+from oomguard.errors import EXIT_OK, EXIT_THRESHOLD, UsageError
 from oomguard.manager import require_extra
 from oomguard.manager.redact import Redactor, first_line
 from oomguard.manager.settings import Settings, check_fleet_secrets, fleet_secrets_from, settings_from
@@ -24,17 +26,58 @@ FLEET_TOKEN_WARNING = (
 )
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _migrate(settings: Settings, redact: Redactor) -> None:
+    """Apply the revisions the database is behind, a line each (``db.steps``); a database ahead
+    of this manager, or one that cannot be opened, is one line and exit 2."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from oomguard.manager.db import migrate
+    from oomguard.manager.db import steps
 
     try:
-        migrate(settings.db_url)
+        steps.upgrade(settings.db_url, _say)
+    except RuntimeError as exc:  # ahead of this manager
+        raise UsageError(str(exc)) from None
     except (SQLAlchemyError, OSError, ImportError) as exc:
         raise UsageError(
             f"manager: cannot open or migrate the database {settings.masked_db()}: {redact(first_line(exc))}"
         ) from None
+
+
+def migrate_command(args: argparse.Namespace) -> int:
+    """``oomguard manager migrate``: apply the revisions the database is behind, a line each, then
+    say where it stands; ``--check``: only say it, exit 3 when it is behind (2 when ahead)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from oomguard.manager.db import steps
+
+    settings = settings_from(args)
+    redact = Redactor(settings.secrets())
+    try:
+        found = steps.state(settings.db_url)
+    except (SQLAlchemyError, OSError) as exc:
+        raise UsageError(
+            f"manager migrate: cannot open the database {settings.masked_db()}: {redact(first_line(exc))}"
+        ) from None
+    if found.ahead:
+        raise UsageError(steps.ahead_message(found))
+    at = found.current or "none (an empty database)"
+    if getattr(args, "check", False):
+        if found.pending:
+            _say(
+                f"oomguard manager: the database is at revision {at}, behind this manager's {found.head}: "
+                f"{len(found.pending)} to apply ({', '.join(found.pending)}); run: oomguard manager migrate"
+            )
+            return EXIT_THRESHOLD
+        _say(f"oomguard manager: the database is at revision {found.head}, this manager's head")
+        return EXIT_OK
+    _migrate(settings, redact)
+    done = "nothing to apply" if not found.pending else f"{len(found.pending)} applied"
+    _say(f"oomguard manager: the database is at revision {found.head}, this manager's head ({done})")
+    return EXIT_OK
 
 
 def start_line(settings: Settings, max_connections: int) -> str:
@@ -70,6 +113,10 @@ def manager_command(args: argparse.Namespace) -> int:
     if getattr(args, "action", None) == "token":
         return token_command(args)
     require_extra()
+    if getattr(args, "action", None) == "migrate":
+        return migrate_command(args)
+    if getattr(args, "check", False):
+        raise UsageError("manager: --check goes with 'migrate': oomguard manager migrate --check")
     settings = settings_from(args)
     redact = Redactor(settings.secrets())
     _migrate(settings, redact)
