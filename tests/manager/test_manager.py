@@ -293,7 +293,7 @@ def test_the_tables_are_the_head_revisions(db_url: str) -> None:
     with engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata) == []
     revisions = [r.revision for r in ScriptDirectory.from_config(alembic_config(db_url)).walk_revisions()]
-    assert revisions == [f"{i:04d}" for i in range(13, 0, -1)]  # the newest first
+    assert revisions == [f"{i:04d}" for i in range(14, 0, -1)]  # the newest first
     engine.dispose()
 
 

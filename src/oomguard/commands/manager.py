@@ -30,7 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "       [--max-profiles N] [--max-classes N] [--max-profiles-per-node N] [--max-classes-per-node N]\n"
         "       [--trusted-proxy CIDR]... [--session-ttl 12h]\n"
         "       %(prog)s token NODE [--fleet-secret S]\n"
-        "       %(prog)s migrate [--check] [--db URL]"
+        "       %(prog)s migrate [--check] [--db URL]\n"
+        "       %(prog)s revoke NODE [--reason TEXT] | unrevoke NODE | revoked [--db URL]"
     )
     parser.description = SUMMARY
     parser.epilog = (
@@ -45,16 +46,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "action",
         nargs="?",
-        metavar="token|migrate",
-        type=flags.OneOf(("token", "migrate")),
-        help="token: print NODE's agent token and exit; migrate: apply the database's migrations and exit",
+        metavar="token|migrate|revoke|unrevoke|revoked",
+        type=flags.OneOf(("token", "migrate", "revoke", "unrevoke", "revoked")),
+        help="token: print NODE's agent token and exit; migrate: apply the database's migrations and exit; "
+        "revoke NODE / unrevoke NODE: refuse (or accept again) NODE's token and writes on every replica; "
+        "revoked: list the revoked nodes",
     )
+    flags.option(parser, "--reason", "with revoke: why, kept with it (at most 500 characters)", "TEXT")
     parser.add_argument(
         "--check",
         action="store_true",
         help="with migrate: change nothing, exit 3 when the database is behind this manager (2 when ahead)",
     )
-    parser.add_argument("node", nargs="?", metavar="NODE", help="the node whose token 'token' prints")
+    parser.add_argument("node", nargs="?", metavar="NODE", help="the node of 'token', 'revoke' and 'unrevoke'")
     flags.option(parser, "--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL")
     flags.option(parser, "--host", "address to listen on (default 127.0.0.1)", "HOST")
     flags.option(parser, "--port", "port (default 8080)", "PORT")

@@ -108,6 +108,57 @@ def token_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def revoke_command(args: argparse.Namespace) -> int:
+    """``oomguard manager revoke NODE [--reason TEXT]``, ``unrevoke NODE``, ``revoked``: the
+    revoked-node list on the database itself (``store/revoked.py``), which every replica reads on
+    each request. The database must be at this manager's head (``migrate`` first)."""
+    import json
+    import time
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from oomguard.manager.db import make_engine, steps
+    from oomguard.manager.store import revoked
+    from oomguard.nodes import is_valid_node_name
+
+    action, node, reason = args.action, flags_text(args, "node") or "", flags_text(args, "reason")
+    if action != "revoked" and not is_valid_node_name(node):
+        raise UsageError(f"manager {action}: needs a node's name: oomguard manager {action} NODE")
+    if reason is not None and (action != "revoke" or len(reason) > 500 or "\x00" in reason):
+        raise UsageError("manager: --reason goes with 'revoke', at most 500 characters")
+    settings = settings_from(args)
+    redact = Redactor(settings.secrets())
+    try:
+        found = steps.state(settings.db_url)
+        if found.ahead or found.pending:
+            raise UsageError(
+                f"manager {action}: the database is not at this manager's revision {found.head}: "
+                "run oomguard manager migrate first (or the manager that migrated it)"
+            )
+        engine = make_engine(settings.db_url)
+        with engine.begin() as conn:
+            if action == "revoked":
+                print(json.dumps({"revoked": revoked.listed(conn)}, indent=2))
+                return EXIT_OK
+            if action == "revoke":
+                done = revoked.revoke(conn, node, int(time.time() * 1000), reason)
+                _say(f"oomguard manager: node {node} " + ("revoked" if done else "was revoked already"))
+            else:
+                done = revoked.unrevoke(conn, node)
+                _say(f"oomguard manager: node {node} " + ("is no longer revoked" if done else "was not revoked"))
+        engine.dispose()
+    except SQLAlchemyError as exc:
+        raise UsageError(
+            f"manager {action}: cannot use the database {settings.masked_db()}: {redact(first_line(exc))}"
+        ) from None
+    return EXIT_OK
+
+
+def flags_text(args: argparse.Namespace, name: str) -> str | None:
+    value = getattr(args, name, None)
+    return value if isinstance(value, str) else None
+
+
 def manager_command(args: argparse.Namespace) -> int:
     """Check the settings, migrate the database, bind the port, then serve until stopped."""
     if getattr(args, "action", None) == "token":
@@ -115,6 +166,8 @@ def manager_command(args: argparse.Namespace) -> int:
     require_extra()
     if getattr(args, "action", None) == "migrate":
         return migrate_command(args)
+    if getattr(args, "action", None) in ("revoke", "unrevoke", "revoked"):
+        return revoke_command(args)
     if getattr(args, "check", False):
         raise UsageError("manager: --check goes with 'migrate': oomguard manager migrate --check")
     settings = settings_from(args)

@@ -21,6 +21,7 @@ from oomguard.manager.db.tables import (
     observations,
     reports,
     retention_state,
+    revoked_nodes,
 )
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "observations",
     "reports",
     "retention_state",
+    "revoked_nodes",
 ]

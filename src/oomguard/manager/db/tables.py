@@ -183,6 +183,17 @@ observations = Table(
     UniqueConstraint("node_id", "ingest_id", name="uq_observations_node_ingest"),  # revision 0011: ids by node
 )
 
+# Revision 0014 (issue 39, item 7): nodes whose tokens are revoked: every write of such a node, and
+# a read with its token, is 403 on every replica (the check reads this table on each request), without
+# rotating the fleet secret. Not a foreign key: a node forgotten (its rows deleted) stays revoked.
+revoked_nodes = Table(
+    "revoked_nodes",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("revoked_ms", BigInteger, nullable=False),
+    Column("reason", String(500)),
+)
+
 # Revision 0004: ``thinned_below``, the one-hour line of the last retention pass that completed.
 retention_state = Table(
     "retention_state",

@@ -34,7 +34,7 @@ from oomguard.manager.bodies import EventEnvelope, ObservationEnvelope, ReportEn
 from oomguard.manager.db import fleet_read
 from oomguard.manager.retention import Retention
 from oomguard.manager.settings import Settings
-from oomguard.manager.store import alerting, learned, profiles, queries
+from oomguard.manager.store import alerting, learned, profiles, queries, revoked
 from oomguard.manager.store.claims import Caps, Refused
 from oomguard.manager.store.commit import DEFAULT_MAX_BYTES as DEFAULT_WRITE_QUEUE_BYTES
 from oomguard.manager.store.history import CURSOR_PATTERN as HISTORY_CURSOR_PATTERN
@@ -108,6 +108,25 @@ class Store:
         forgotten = await self._writer.forget(name)
         self.overview_kept.clear()  # this replica's overview lists it no more
         return forgotten
+
+    async def revoke(self, node: str, reason: str | None = None) -> bool:
+        """Revoke *node*'s token (``revoked``); False when it was revoked already. The caller
+        checks the admin token."""
+        now = self.clock()
+        return bool(await self._writer.committer.submit_async(lambda conn: revoked.revoke(conn, node, now, reason)))
+
+    async def unrevoke(self, node: str) -> bool:
+        """Take *node* off the revoked list; False when it was not on it."""
+        return bool(await self._writer.committer.submit_async(lambda conn: revoked.unrevoke(conn, node)))
+
+    def revoked(self, node: str) -> dict[str, Any] | None:
+        """*node*'s revocation (``revoked.revoked``), None when it is not revoked: read each request."""
+        with self.engine.connect() as conn:
+            return revoked.revoked(conn, node)
+
+    def revoked_nodes(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            return revoked.listed(conn)
 
     async def set_excluded(self, node: str, ingest_id: str, excluded: bool, profile: str | None = None) -> bool:
         """Exclude the observation *ingest_id* of *node* (of *profile*, when given) from what the

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BeforeValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from sqlalchemy import Engine, text
 
 from oomguard.manager import contract
@@ -50,6 +50,7 @@ from oomguard.manager.web.deps import (
     db_write,
     get_store,
     may_write,
+    not_revoked,
     require_admin,
     require_agent,
     require_operator,
@@ -190,6 +191,7 @@ async def get_recommendation(
         if node is not None and node != credential.node:
             raise HTTPException(403, OTHER_NODE_READ)
         node = credential.node
+        await not_revoked(request, node)
     return await db_read(request, store.recommendation, profile, node, node_class, budget_bytes)
 
 
@@ -281,6 +283,38 @@ async def delete_node(request: Request, store: StoreDep, name: NodeName) -> Resp
     if not await db_write(request, store.forget_node(name)):
         raise HTTPException(404, f"no node named {name!r}")
     return Response(status_code=204)
+
+
+class Revocation(BaseModel):
+    """Why a node's token is revoked (kept with it, shown in the list)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    reason: Annotated[str, Field(max_length=500, pattern=NO_NUL)] | None = None
+
+
+@admin.put("/revoked/{name}", responses={200: {"description": "revoked (revoked: false when it was already)"}})
+async def revoke_node(
+    request: Request, store: StoreDep, name: NodeName, body: Revocation | None = None
+) -> dict[str, Any]:
+    """Revoke node *name*'s token without rotating the fleet secret: from now on every replica
+    answers 403 to every write of the node (its own token's or the fleet-wide one's) and to a read
+    with its token. Admin token only."""
+    done = await db_write(request, store.revoke(name, body.reason if body else None))
+    return {"node": name, "revoked": done}
+
+
+@admin.delete("/revoked/{name}", status_code=204, responses={404: {"description": "not revoked"}})
+async def unrevoke_node(request: Request, store: StoreDep, name: NodeName) -> Response:
+    """Take node *name* off the revoked list: its token works again. Admin token only."""
+    if not await db_write(request, store.unrevoke(name)):
+        raise HTTPException(404, f"node {name!r} is not revoked")
+    return Response(status_code=204)
+
+
+@reads.get("/api/v1/revoked")
+async def get_revoked(request: Request, store: StoreDep) -> dict[str, Any]:
+    """The revoked nodes, by name: ``{revoked: [{node, revoked, reason}]}``."""
+    return {"revoked": await db_read(request, store.revoked_nodes)}
 
 
 operator = APIRouter(

@@ -175,11 +175,23 @@ AgentDep = Annotated[AgentCredential, Depends(require_agent)]
 OTHER_NODE = "this token is another node's: a node's token writes that node's reports and events only"
 
 
+async def not_revoked(request: Request, node: str) -> None:
+    """403 when *node* is revoked (``store/revoked.py``): read on each request, so a revocation on
+    any replica holds on every one at once."""
+    found = await db_read(request, get_store(request).revoked, node)
+    if found is not None:
+        raise HTTPException(
+            403, f"node {node!r} is revoked (since {found['revoked']}): its writes and its token are refused"
+        )
+
+
 async def may_write(request: Request, credential: AgentCredential, node: str) -> None:
-    """403 when *credential* is another node's; for one not bound to a node, 429 when *node*
-    would be a new node beyond the new-node cap (``credentials.NewNodes``)."""
+    """403 when *credential* is another node's, or *node* is revoked (``not_revoked``); for one not
+    bound to a node, 429 when *node* would be a new node beyond the new-node cap
+    (``credentials.NewNodes``)."""
     if not credential.may_write(node):
         raise HTTPException(403, OTHER_NODE)
+    await not_revoked(request, node)
     if credential.node is not None:
         return
     new_nodes: NewNodes = request.app.state.new_nodes
