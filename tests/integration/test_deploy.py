@@ -548,19 +548,19 @@ def test_k8s_secret_refs_resolve() -> None:
             assert "CHANGE-ME" not in path.read_text() and secret_literal(path.read_text()) is None, path
 
 
-def test_k8s_probes_use_healthz() -> None:
+def test_k8s_probes_tell_liveness_from_readiness() -> None:
     c = manager_container()
     ports = {p["name"] for p in c["ports"]}
-    # Readiness asks /healthz (which checks the database); liveness is a TCP connect, so a database
-    # outage takes the pod out of rotation instead of restarting it.
-    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Readiness asks /readyz (which checks the database); liveness and start-up ask /livez (the
+    # process answers), so a database outage takes the pod out of rotation instead of restarting it.
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["readinessProbe"]["httpGet"]["port"] in ports
-    assert c["livenessProbe"]["tcpSocket"]["port"] in ports
+    assert c["livenessProbe"]["httpGet"]["path"] == c["startupProbe"]["httpGet"]["path"] == "/livez"
     for w in workloads():
         for other in containers(w):
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if "httpGet" in other.get(kind, {}):
-                    assert other[kind]["httpGet"]["path"] == "/healthz", (other["name"], kind)
+                    assert other[kind]["httpGet"]["path"] in ("/livez", "/readyz"), (other["name"], kind)
 
 
 def test_k8s_manager_flags_are_real(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -582,17 +582,17 @@ def test_k8s_manager_flags_are_real(monkeypatch: pytest.MonkeyPatch) -> None:
     }
 
     pytest.importorskip("fastapi")
-    import oomguard.manager.db as db_module
     from oomguard.manager.cli import manager_command
+    from oomguard.manager.db import steps
 
     class Reached(Exception):
         pass
 
-    def fake_migrate(url: str, revision: str = "head") -> None:
+    def fake_upgrade(url: str, say: object) -> None:
         raise Reached(url)
 
     tokens = secret_keys()["oomguard-tokens"]
-    monkeypatch.setattr(db_module, "migrate", fake_migrate)
+    monkeypatch.setattr(steps, "upgrade", fake_upgrade)
     monkeypatch.setenv("OOMGUARD_AGENT_TOKEN", tokens[env_value(c, "OOMGUARD_AGENT_TOKEN")["secretKeyRef"]["key"]])
     monkeypatch.setenv("OOMGUARD_VIEWER_TOKEN", tokens[env_value(c, "OOMGUARD_VIEWER_TOKEN")["secretKeyRef"]["key"]])
     with pytest.raises(Reached, match="postgresql://"):

@@ -47,7 +47,7 @@ def test_the_manager_image_is_the_wheel_unprivileged_with_a_healthcheck() -> Non
     users = [a for w, a in ins if w == "USER"]
     assert users and users[-1].isdigit() and users[-1] != "0"
     (health,) = [a for w, a in ins if w == "HEALTHCHECK"]
-    assert "/healthz" in health and "--port" in exec_form(dict(ins)["CMD"])
+    assert "/livez" in health and "--port" in exec_form(dict(ins)["CMD"])
 
 
 def test_the_healthcheck_command_tells_a_live_manager_from_a_dead_one(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 replicas (two managers, each its own Store, on one database): a node revoked through one replica's
 API, or by ``oomguard manager revoke`` on the database, is refused (403) by the other at once: its
 reports, events and observations (its own token's or the fleet-wide one's) and a read with its
-token; other nodes go on; ``unrevoke`` lets it back. No fleet secret is rotated."""
+token, within the second each replica keeps its list; other nodes go on; ``unrevoke`` lets it
+back. No fleet secret is rotated."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from tests.helpers.manager import (
     migrated_db,
     observation_body,
 )
+from tests.helpers.wait import wait_until
 
 SECRET = "fleet-secret-for-revocation-01"
 ADMIN = "admin-secret-token-rev"
@@ -73,6 +75,8 @@ def test_a_node_revoked_on_one_replica_is_refused_by_every_replica(db_url: str) 
         assert put.status_code == 200 and put.json() == {"node": "gpu-7", "revoked": True}, put.text
         assert a.put("/api/v1/revoked/gpu-7", headers=ADMIN_H).json()["revoked"] is False  # already
         assert a.put("/api/v1/revoked/gpu-8", headers=VIEWER_H).status_code in (401, 403)  # the admin's only
+        assert asks(a, "gpu-7") == 403  # the replica that revoked it: at once
+        wait_until(lambda: asks(b, "gpu-7") == 403, interval=0.1, what="the other replica to read the list")
         for c in (a, b):
             assert writes(c, "gpu-7", own("gpu-7")) == [403, 403, 403]
             assert writes(c, "gpu-7", AGENT_H) == [403, 403, 403]  # the fleet-wide token too
@@ -84,6 +88,7 @@ def test_a_node_revoked_on_one_replica_is_refused_by_every_replica(db_url: str) 
         assert (listed["node"], listed["reason"]) == ("gpu-7", "its host was compromised")
         assert b.delete("/api/v1/revoked/gpu-7", headers=ADMIN_H).status_code == 204
         assert b.delete("/api/v1/revoked/gpu-7", headers=ADMIN_H).status_code == 404
+        wait_until(lambda: asks(a, "gpu-7") == 200, interval=0.1, what="the first replica to read the list")
         assert writes(a, "gpu-7", own("gpu-7")) == [200, 200, 200]  # back, the same token
 
 
@@ -95,9 +100,11 @@ def test_the_cli_revokes_on_the_database(db_url: str) -> None:
     with replica(db_url) as a, replica(db_url) as b:
         done = cli("revoke", "gpu-9", "--reason", "decommissioned")
         assert done.returncode == 0 and done.stderr == "oomguard manager: node gpu-9 revoked\n", done.stderr
+        wait_until(lambda: asks(a, "gpu-9") == asks(b, "gpu-9") == 403, interval=0.1, what="each replica to read it")
         assert writes(a, "gpu-9", own("gpu-9")) == [403, 403, 403] and writes(b, "gpu-9", AGENT_H)[0] == 403
         assert '"reason": "decommissioned"' in cli("revoked").stdout
         assert cli("unrevoke", "gpu-9").returncode == 0
+        wait_until(lambda: asks(b, "gpu-9") == 200, interval=0.1, what="the replica to read the list")
         assert writes(b, "gpu-9", own("gpu-9")) == [200, 200, 200]
     bad = cli("revoke")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "needs a node's name" in bad.stderr

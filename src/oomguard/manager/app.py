@@ -42,6 +42,7 @@ from oomguard.manager.store import Store
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth
 from oomguard.manager.web import api, forget, pages, views
 from oomguard.manager.web.credentials import MAX_KNOWN, NewNodes
+from oomguard.manager.web.deps import Revoked
 from oomguard.manager.web.middleware import AllowedHosts, BodyLimit, Headers
 from oomguard.manager.web.pages import viewer_pages
 from oomguard.manager.web.proxies import TrustedProxies
@@ -180,6 +181,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.state.limiter = FailureLimiter(settings.login_burst, settings.login_refill_s, settings.failed_tokens_per_minute)
     app.state.new_nodes = NewNodes(settings.max_new_nodes)
     app.state.quotas = Quotas(settings.max_events_per_node, settings.max_observations_per_node)
+    app.state.revoked = Revoked()  # the revoked nodes, read again every second (web.deps)
     for exc_class in (DatabaseUnavailable, DBAPIError, PoolTimeout):
         app.add_exception_handler(exc_class, database_unavailable)
     app.add_exception_handler(RequestValidationError, validation_failed)

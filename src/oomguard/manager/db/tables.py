@@ -184,8 +184,8 @@ observations = Table(
 )
 
 # Revision 0014 (issue 39, item 7): nodes whose tokens are revoked: every write of such a node, and
-# a read with its token, is 403 on every replica (the check reads this table on each request), without
-# rotating the fleet secret. Not a foreign key: a node forgotten (its rows deleted) stays revoked.
+# a read with its token, is 403 on every replica (each reads this table every second: web.deps.Revoked),
+# without rotating the fleet secret. Not a foreign key: a node forgotten (its rows deleted) stays revoked.
 revoked_nodes = Table(
     "revoked_nodes",
     metadata,

@@ -119,12 +119,8 @@ class Store:
         """Take *node* off the revoked list; False when it was not on it."""
         return bool(await self._writer.committer.submit_async(lambda conn: revoked.unrevoke(conn, node)))
 
-    def revoked(self, node: str) -> dict[str, Any] | None:
-        """*node*'s revocation (``revoked.revoked``), None when it is not revoked: read each request."""
-        with self.engine.connect() as conn:
-            return revoked.revoked(conn, node)
-
     def revoked_nodes(self) -> list[dict[str, Any]]:
+        """Every revoked node (``revoked.listed``): each replica reads it every second (``web.deps.Revoked``)."""
         with self.engine.connect() as conn:
             return revoked.listed(conn)
 

@@ -1,6 +1,7 @@
-"""Revoked nodes (issue 39, item 7; ``db.revoked_nodes``): read on every request that writes a
-node or reads with a node's token, so a revocation made on one replica (or by ``oomguard manager
-revoke`` on the database) holds on every replica at once. One primary-key read a request."""
+"""Revoked nodes (issue 39, item 7; ``db.revoked_nodes``): each replica reads the list again every
+second (``web.deps.Revoked``) and refuses a revoked node's writes and its token's reads, so a
+revocation made on one replica (or by ``oomguard manager revoke`` on the database) holds on every
+replica within a second."""
 
 from __future__ import annotations
 
@@ -10,12 +11,6 @@ from sqlalchemy import Connection, delete, select
 
 from oomguard.manager.db import revoked_nodes
 from oomguard.manager.times import iso_ms
-
-
-def revoked(conn: Connection, node: str) -> dict[str, Any] | None:
-    """``{node, revoked, reason}`` when *node* is revoked, else None."""
-    row = conn.execute(select(revoked_nodes).where(revoked_nodes.c.name == node)).first()
-    return None if row is None else _shown(row)
 
 
 def listed(conn: Connection) -> list[dict[str, Any]]:

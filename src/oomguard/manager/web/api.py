@@ -300,6 +300,7 @@ async def revoke_node(
     answers 403 to every write of the node (its own token's or the fleet-wide one's) and to a read
     with its token. Admin token only."""
     done = await db_write(request, store.revoke(name, body.reason if body else None))
+    request.app.state.revoked.changed()
     return {"node": name, "revoked": done}
 
 
@@ -308,6 +309,7 @@ async def unrevoke_node(request: Request, store: StoreDep, name: NodeName) -> Re
     """Take node *name* off the revoked list: its token works again. Admin token only."""
     if not await db_write(request, store.unrevoke(name)):
         raise HTTPException(404, f"node {name!r} is not revoked")
+    request.app.state.revoked.changed()
     return Response(status_code=204)
 
 
@@ -404,9 +406,24 @@ async def database_check(request: Request) -> str:
     return "ok"
 
 
+@health.get("/livez")
+async def livez() -> dict[str, str]:
+    """Liveness: 200 while this process answers HTTP, whatever the database does (a database outage
+    is not cured by a restart). Open, no token, no database read."""
+    return {"status": "alive"}
+
+
+@health.get("/readyz", responses={503: {"description": "the database cannot be read or written"}})
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: ``healthz``'s answer (200 while this replica can use the database, else 503): a
+    load balancer sends it traffic only then."""
+    return await healthz(request)
+
+
 @health.get("/healthz", responses={503: {"description": "the database cannot be read or written"}})
 async def healthz(request: Request) -> JSONResponse:
-    """200 when the database answers and no write episode is open; else 503 with the cause."""
+    """200 when the database answers and no write episode is open; else 503 with the cause (the
+    readiness answer, ``/readyz``; ``/livez`` is liveness)."""
     database = await database_check(request)
     db_health: DbHealth = request.app.state.health
     if database == "ok":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -175,14 +176,46 @@ AgentDep = Annotated[AgentCredential, Depends(require_agent)]
 OTHER_NODE = "this token is another node's: a node's token writes that node's reports and events only"
 
 
+class Revoked:
+    """The revoked nodes (``store/revoked.py``) as this replica last read them: read again when a
+    second has passed (``REFRESH_S``), so a revocation made on any replica, or by ``oomguard manager
+    revoke`` on the database, holds on every replica within a second, at one small read a second,
+    not one a request. A read that fails keeps the last list: the request's own write then meets
+    the database's state and says it (a 503 of writes, not of this check)."""
+
+    REFRESH_S = 1.0
+    READ_TIMEOUT_S = 2.0
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}  # node -> since when (ISO 8601)
+        self._at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    def changed(self) -> None:
+        """This replica changed the list: read it again at the next request."""
+        self._at = -float("inf")
+
+    async def since(self, store: Store, node: str) -> str | None:
+        """When *node* was revoked, or None."""
+        if time.monotonic() - self._at >= self.REFRESH_S:
+            async with self._lock:
+                if time.monotonic() - self._at >= self.REFRESH_S:
+                    read = anyio.to_thread.run_sync(store.revoked_nodes, abandon_on_cancel=True)
+                    try:
+                        rows = await asyncio.wait_for(read, self.READ_TIMEOUT_S)
+                        self.names = {r["node"]: r["revoked"] for r in rows}
+                    except Exception:
+                        pass
+                    self._at = time.monotonic()
+        return self.names.get(node)
+
+
 async def not_revoked(request: Request, node: str) -> None:
-    """403 when *node* is revoked (``store/revoked.py``): read on each request, so a revocation on
-    any replica holds on every one at once."""
-    found = await db_read(request, get_store(request).revoked, node)
-    if found is not None:
-        raise HTTPException(
-            403, f"node {node!r} is revoked (since {found['revoked']}): its writes and its token are refused"
-        )
+    """403 when *node* is revoked (``Revoked``: as this replica read the list within the second)."""
+    revoked: Revoked = request.app.state.revoked
+    since = await revoked.since(get_store(request), node)
+    if since is not None:
+        raise HTTPException(403, f"node {node!r} is revoked (since {since}): its writes and its token are refused")
 
 
 async def may_write(request: Request, credential: AgentCredential, node: str) -> None:

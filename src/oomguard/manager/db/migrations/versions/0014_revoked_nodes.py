@@ -2,7 +2,7 @@
 
 One node's token could not be revoked without rotating every node's (the fleet secret). A node in
 this table gets 403 for every write of it (its own token's or the fleet-wide one's) and for a read
-with its token, on every replica at once: each request reads the table (its primary key).
+with its token, on every replica within a second (each reads the table every second).
 
 Revision ID: 0014
 Revises: 0013
