@@ -139,7 +139,7 @@ def test_a_pressure_stop_is_a_verdict_unless_the_kernel_was_first() -> None:
 
 def test_a_pressure_stop_steps_down_as_an_oom_kill_does() -> None:
     a = Adaptation("concurrency")
-    report: Any = {"budget": {"source": "auto", "basis_bytes": 8 * GiB}}
+    report: Any = {"budget": {"source": "auto", "basis_bytes": 8 * GiB, "safety_margin_bytes": 819 * MiB}}
     assert a.after_oom(report, 3, (8 * GiB, None, 3), "pressure-stop") == "after a pressure stop: concurrency 3 -> 2"
     assert a.after_run(1000, 10, "pressure-stop") is None  # not a healthy end: the cap stays
     assert a.capped(3) == 2
@@ -148,7 +148,7 @@ def test_a_pressure_stop_steps_down_as_an_oom_kill_does() -> None:
         "after a pressure stop: safety margin raised by 409.6 MiB"
     )
     # in a small group the step after a pressure stop is 5% of it; after an OOM kill the 256 MiB floor stays
-    small: Any = {"budget": {"source": "auto", "basis_bytes": 768 * MiB}}
+    small: Any = {"budget": {"source": "auto", "basis_bytes": 768 * MiB, "safety_margin_bytes": 256 * MiB}}
     s = Adaptation("margin")
     assert s.after_oom(small, None, (768 * MiB, None, None), "pressure-stop") == (
         "after a pressure stop: safety margin raised by 38.4 MiB (now +38.4 MiB)"
@@ -904,6 +904,38 @@ def test_the_guard_learns_the_grace_from_a_stop_the_kernel_ended(group: Group, t
         assert end["grace_source"] == "learned" and end["grace_bytes"] >= max(2 * lesson, lesson + 64 * MiB), end
         assert end["stop_working_set_bytes"] <= 448 * MiB - end["grace_bytes"] + 32 * MiB, end
     assert "grace learned from earlier stops)" in proc.stderr
+
+
+@needs_cgroup
+@pytest.mark.slow
+def test_with_the_documented_defaults_the_stops_finish_after_one_lesson(group: Group, tmp_path: Path) -> None:
+    """Issue 38, item 7: the same 30 % worker with the defaults: an auto budget (256 MiB of the
+    512 MiB group), --on-oom margin, no --grace-bytes. Before, the first stop's OOM kill grew the
+    margin by 256 MiB: a budget of 0, exit 3, and the learned grace never used. Now that kill teaches
+    the grace alone, every later stop finishes, and the 11 pressure stops after it, whose 5 % steps
+    (25.6 MiB each) add up to more than the budget, leave it above 0: run ends with its worker's 0."""
+    ev, grew = tmp_path / "ev.jsonl", tmp_path / "grew"
+    run = ("run", "--events", str(ev), "--guard", "--max-restarts", "12", "--backoff-initial", "10ms",
+           "--backoff-max", "10ms")  # fmt: skip
+    proc = group.run(PY, "-m", "oomguard", *run, "--", PY, "-c", GRACEFUL, str(grew), env=ENV)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    events = [json.loads(line) for line in ev.read_text().splitlines()]
+    exits = [e for e in events if e["event"] == "exit"]
+    budgets = [e["budget_bytes"] for e in events if e["event"] == "start"]
+    restarts = [e["message"] for e in events if e["event"] == "restart"]
+    first, rest = exits[0], exits[1:]
+    assert (first["reason"], first["stop_finished"], first["grace_source"]) == ("oom-kill", False, None), first
+    assert restarts[0].startswith("after an OOM kill in the worker's graceful stop"), restarts[0]
+    assert restarts[0].endswith("; the budget and the plan are kept"), restarts[0]
+    assert budgets[:2] == [256 * MiB, 256 * MiB], budgets  # the lesson was the grace, not the margin
+    assert len(rest) == 12, proc.stderr
+    for end in rest:
+        assert (end["reason"], end["oom_kills"], end["stop_finished"]) == ("pressure-stop", 0, True), end
+        assert end["grace_source"] == "learned", end
+    assert budgets == sorted(budgets, reverse=True) and budgets[-1] > 0, budgets  # lowered, never to 0
+    assert any(m.endswith("would leave no budget that works") for m in restarts), restarts  # the cap was met
+    assert proc.returncode == 0 and events[-1]["event"] == "give-up", proc.stderr  # --max-restarts, not exit 3
+    assert events[-1]["message"] == "12 restarts within 600s", events[-1]
 
 
 @needs_cgroup

@@ -568,7 +568,7 @@ def test_adaptation_on_its_own() -> None:
     a = Adaptation("concurrency", min_concurrency=2)
     under = (8 * GiB, None, 7)
     assert a.check(under) is None and a.capped(7) == 7
-    report: Any = {"budget": {"source": "auto", "basis_bytes": 8 * GiB}}
+    report: Any = {"budget": {"source": "auto", "basis_bytes": 8 * GiB, "safety_margin_bytes": 819 * MiB}}
     assert a.after_oom(report, 7, under) == "after an OOM kill: concurrency 7 -> 6"
     assert a.check(under) is None and a.capped(7) == 6 and a.capped(5) == 5
     a.after_oom(report, 3, under)

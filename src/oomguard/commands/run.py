@@ -29,7 +29,8 @@ SUMMARY = (
 )
 EPILOG = (
     f"Exit status: the worker's (128 + signal when it was killed); {EXIT_THRESHOLD} when the budget cannot "
-    f"work (0, or below the plan's baseline + one job); {EXIT_NOT_FOUND} when CMD cannot be run.\n"
+    "work (0, below the plan's baseline + one job, or an explicit budget above the hard ceiling without "
+    f"--allow-over-limit); {EXIT_NOT_FOUND} when CMD cannot be run.\n"
     "The worker inherits this environment without oomguard's secrets: every OOMGUARD_* variable (in any "
     "case) whose name holds TOKEN, SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL, AUTH, KEY or COOKIE is removed "
     "(OOMGUARD_AGENT_TOKEN, OOMGUARD_FLEET_SECRETS, ...; docs/run.md).\n" + flags.DURATIONS + "\n" + flags.SIZES

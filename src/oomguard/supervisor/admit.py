@@ -5,16 +5,18 @@ A budget that cannot work is not handed to a worker (docs/run.md, "Before each s
 - a budget of 0 (or less): an auto budget whose safety margin eats the whole basis (a 256 MiB
   group and the 256 MiB margin floor), ``--budget 0``, ``0%``;
 - with plan flags, a budget below the plan's baseline + one job, or any plan that fits no job
-  (RLIMIT_MEMLOCK below the pinned baseline, no GPU for a job that needs one).
-
+  (RLIMIT_MEMLOCK below the pinned baseline, no GPU for a job that needs one);
 - an explicit budget (``--budget``, ``OOMGUARD_BUDGET``) above the hard ceiling, unless
   ``--allow-over-limit`` (``policy.budget.over_limit``: the same sentence ``check --require`` and
   ``plan --require-jobs`` refuse with).
 
 ``run`` then starts nothing: a ``give-up`` event whose message says why, and exit 3, as
 ``check`` warns ``budget-too-small`` and ``plan --require-jobs 1`` exits 3 for the same numbers.
-A budget that does start but is above the hard ceiling (allowed) or the soft limit (an explicit
-one) is said as a warning on the start event (``warnings`` codes, and the message).
+What an OOM kill or a pressure stop teaches never leads here (``adapt.py`` keeps the last
+workable budget): an auto budget is refused for its limits alone (a 256 MiB group). An explicit
+budget that starts above the hard ceiling (only with ``--allow-over-limit``) or above the soft
+limit (within the ceiling) is said as a warning on the start event (``warnings`` codes, and the
+message).
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ worker's earlier stops: how far its working set rose between the stop signal and
   cap binds. A given ``--grace-bytes`` is not capped (too large a one turns the guard off, said
   in one line, ``guard.make_guard``).
 
-What is learned lives as long as the supervisor; the next ``oomguard run`` starts from
-``--grace-bytes`` again.
+An OOM kill in a guard stop teaches this alone: the supervisor keeps the budget and the plan
+(``adapt.lesson``), since the stop line is the ceiling's, and a smaller budget would not give the
+shutdown more room under it. What is learned lives as long as the supervisor; the next
+``oomguard run`` starts from ``--grace-bytes`` again.
 """
 
 from __future__ import annotations

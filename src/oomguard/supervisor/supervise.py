@@ -4,15 +4,17 @@ Before each start the probe runs again (limits change at run time), the budget (
 job shape, the concurrency) is computed, and the worker gets ``OOMGUARD_BUDGET_BYTES``,
 ``OOMGUARD_BUDGET`` and ``OOMGUARD_CONCURRENCY`` plus placeholders in its arguments
 (``config.py``). A budget that cannot work starts nothing (``admit.py``); what earlier OOM
-kills lowered is forgotten when the limit or the plan changes (``adapt.py``). While the worker
-runs, the kernel says when its group had an OOM kill and the supervisor looks at once at who can
-have been hit (``oomwatch.py``), and samples the worker tree's peak (``peak.py``; ``waiting.py``
-waits for all of it). Each end is classified from the group's ``oom_kill`` counter, when the
-kills came and who else left the group meanwhile (``exits.py``, ``members.py``), and the exit
-event says the peak against the budget and the limit, the OOM killer at the limit, and the
-share neighbours held (``events.py``); a worker is not stepped down for a neighbour's memory.
-With ``--guard`` the worker's group is sampled while it runs, and the worker is signalled,
-throttled or stopped before the kernel acts (``guard.py``).
+kills lowered is forgotten when the limit or the plan changes, and no lesson leaves a budget
+that cannot work (``adapt.py``). While the worker runs, the kernel says when its group had an
+OOM kill and the supervisor looks at once at who can have been hit (``oomwatch.py``), and
+samples the worker tree's peak (``peak.py``; ``waiting.py`` waits for all of it). Each end is
+classified from the group's ``oom_kill`` counter, when the kills came and who else left the
+group meanwhile (``exits.py``, ``members.py``), and the exit event says the peak against the
+budget and the limit, the OOM killer at the limit, and the share neighbours held
+(``events.py``); a worker is not stepped down for a neighbour's memory. With ``--guard`` the
+worker's group is sampled while it runs, and the worker is signalled, throttled or stopped
+before the kernel acts (``guard.py``); an OOM kill in the worker's graceful stop then teaches
+more grace under the stop line (``grace.py``), not a smaller budget.
 
 The worker runs in its own process group and session; SIGTERM, SIGINT and SIGHUP sent to the
 supervisor go to that group, and ``stop_timeout`` later SIGKILL follows. The supervisor is a
@@ -39,7 +41,16 @@ from oomguard.policy.budget import probe, resolve_budget
 from oomguard.policy.plan import make_plan
 from oomguard.sources.cgroupfs import CgroupFS
 from oomguard.sources.root import LiveRoot, Root
-from oomguard.supervisor.adapt import OOM_STEP_MIN, STEP_DOWN, Adaptation, Situation, oom_margin_step, situation_of
+from oomguard.supervisor.adapt import (
+    GRACE,
+    OOM_STEP_MIN,
+    STEP_DOWN,
+    Adaptation,
+    Situation,
+    lesson,
+    oom_margin_step,
+    situation_of,
+)
 from oomguard.supervisor.admit import refusal, start_note
 from oomguard.supervisor.config import RunConfig, substitute, worker_env_and_args, worker_values
 from oomguard.supervisor.events import EventLog, neighbour_note, neighbour_share, own_share, peak_story
@@ -67,7 +78,7 @@ from oomguard.supervisor.process import (
     set_prctl,
 )
 from oomguard.supervisor.waiting import wait_worker
-from oomguard.units import MiB
+from oomguard.units import MiB, format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -111,6 +122,7 @@ class Supervisor:
         self.timed_out = False  # SIGKILL followed a stop signal in the current start (--stop-timeout)
         self.grace = GraceLearning(config.guard.grace if config.guard is not None else 0)
         self._planned: int | None = None  # the plan's concurrency before OOM step-downs, this start
+        self._grace_note: str | None = None  # what an OOM kill in the last guard stop taught (grace.py)
 
     # -- signals ---------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -280,9 +292,12 @@ class Supervisor:
         # nor by the kernel's OOM killer in its shutdown
         finished = verdict.reason == PRESSURE_STOP and not self.timed_out
         common["stop_finished"] = finished if stopped else None
+        self._grace_note = None
         if stopped and guard is not None:  # what this stop cost: the next start's grace (grace.py)
             killed = verdict.reason == OOM_KILL
             self.grace.learn(guard.watch.grown_after_stop, oom_killed=killed, margin=guard.watch.margin)
+            if killed:
+                self._grace_note = self._grace_lesson(guard)
         common["outside_bytes"] = outside.bytes if outside is not None else None
         oom = verdict.victim if verdict.reason == OOM_KILL else None
         said = [peak_story(peak, budget, limit, limited_by, source=source, oom=oom, kills=e.kills, unknown=unknown)]
@@ -297,6 +312,29 @@ class Supervisor:
         story = "; ".join(filter(None, said)) or None
         self.log.emit("exit", duration_s=round(uptime, 3), peak_bytes=peak, peak_source=source, message=story, **common)
         return rc, common, uptime
+
+    def _grace_lesson(self, guard: Guard) -> str:
+        """The restart's words after an OOM kill in the worker's graceful stop: the grace the next start keeps."""
+        w = guard.watch
+        grace = self.grace.for_start(w.ceiling, w.margin)
+        where = {"learned": "learned from the stops so far", "given": "--grace-bytes"}.get(grace.source or "")
+        capped = "capped at half of the ceiling less the guard margin" if grace.capped else None
+        said = ", ".join(filter(None, [where, capped]))
+        return (
+            f"after an OOM kill in the worker's graceful stop (it grew {format_size(w.grown_after_stop or 0)} after "
+            f"the guard's SIGTERM): the next stop keeps {format_size(grace.bytes)} of grace"
+            + (f" ({said})" if said else "")
+            + "; the budget and the plan are kept"
+        )
+
+    def _workable(self, report: Report) -> Callable[[int], bool]:
+        """Whether a start with an auto budget of so many bytes, under *report*, would be admitted (admit.py)."""
+
+        def workable(budget: int) -> bool:
+            trial: Report = {**report, "budget": {**report["budget"], "bytes": budget}, "warnings": []}
+            return refusal(trial, budget, self._plan(trial), allow_over_limit=self.cfg.allow_over_limit) is None
+
+        return workable
 
     def _write_configs(self, values: dict[str, str], ctx: dict[str, Any]) -> None:
         """``--render`` and ``--cuzk``: each config file written afresh before this start (templates.py);
@@ -372,11 +410,16 @@ class Supervisor:
             self.log.emit("give-up", message=message, **common)
             return False
         healthy = self.adapt.after_run(uptime, policy.healthy_after, common["reason"])
-        if common["reason"] in STEP_DOWN and self._excused is not None:  # a neighbour's memory, not the worker's
+        taught = lesson(common["reason"], guard_stopped=common["stop_finished"] is not None)
+        if taught == GRACE:  # killed in its graceful stop: more room under the stop line, the budget kept
+            healthy = self._grace_note
+        elif taught in STEP_DOWN and self._excused is not None:  # a neighbour's memory, not the worker's
             healthy = f"after {STEP_DOWN[common['reason']]}: {self._excused} (the rest was outside the worker's tree)"
-        elif common["reason"] in STEP_DOWN:
+        elif taught in STEP_DOWN:
             assert self._situation is not None
-            healthy = self.adapt.after_oom(report, common["concurrency"], self._situation, common["reason"])
+            healthy = self.adapt.after_oom(
+                report, common["concurrency"], self._situation, common["reason"], workable=self._workable(report)
+            )
         delay = policy.next_delay(uptime, now)
         self.log.emit("restart", delay_s=delay, message=healthy, **common)
         if not self._backoff(delay):
