@@ -44,6 +44,7 @@ from oomguard.manager.web import api, forget, pages, views
 from oomguard.manager.web.credentials import MAX_KNOWN, NewNodes
 from oomguard.manager.web.deps import Revoked
 from oomguard.manager.web.middleware import AllowedHosts, BodyLimit, Headers
+from oomguard.manager.web.observed import HttpMetrics, Observed
 from oomguard.manager.web.pages import viewer_pages
 from oomguard.manager.web.proxies import TrustedProxies
 from oomguard.manager.web.quotas import Quotas
@@ -182,6 +183,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.state.new_nodes = NewNodes(settings.max_new_nodes)
     app.state.quotas = Quotas(settings.max_events_per_node, settings.max_observations_per_node)
     app.state.revoked = Revoked()  # the revoked nodes, read again every second (web.deps)
+    app.state.observed = Observed()  # the manager's own series: failed tokens, requests, process
     for exc_class in (DatabaseUnavailable, DBAPIError, PoolTimeout):
         app.add_exception_handler(exc_class, database_unavailable)
     app.add_exception_handler(RequestValidationError, validation_failed)
@@ -192,6 +194,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.add_middleware(AllowedHosts, hosts=settings.hosts())
     app.add_middleware(Headers)
     app.add_middleware(TrustedProxies, networks=settings.trusted_proxies)  # the last added is the outermost
+    app.add_middleware(HttpMetrics, observed=app.state.observed)  # outside all: every answer counted
     for router in (*api.routers, *views.routers, forget.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=views.STATIC_DIR), name="static")

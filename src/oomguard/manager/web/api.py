@@ -373,6 +373,7 @@ async def metrics(request: Request, store: StoreDep) -> Response:
         learned,
         quotas_of(request).refused(),
         cap_refusals=store.caps.refused,
+        own=request.app.state.observed.collectors(),
     )
     return Response(text_, media_type=content_type)
 

@@ -97,12 +97,14 @@ def too_many(retry_after: int) -> HTTPException:
     return HTTPException(429, "too many failed attempts; try again later", headers={"Retry-After": str(retry_after)})
 
 
-def checked(request: Request, ok: Callable[[], bool]) -> bool:
+def checked(request: Request, ok: Callable[[], bool], role: str = "agent", token: str | None = None) -> bool:
     """Run the credential check *ok*: True when it passes, whatever the limits say; a failure
     counts against the client's and the global allowance (``FailureLimiter``): False within
-    both, else 429."""
+    both, else 429. A failure is counted and logged by *role* (``web.observed.AuthFailures``:
+    the client, the node *token* claims, never the token)."""
     if ok():
         return True
+    request.app.state.observed.auth.failed(role, client_of(request), token)
     limiter: FailureLimiter = request.app.state.limiter
     wait = limiter.failed(client_of(request))
     if wait:
@@ -118,7 +120,7 @@ def viewer_ok(request: Request, authorization: str | None, cookie: str | None) -
         return True
     given = bearer(authorization)
     if given is not None:
-        return checked(request, lambda: token_ok(settings.viewer_token, given))
+        return checked(request, lambda: token_ok(settings.viewer_token, given), "viewer", given)
     sessions: Sessions = request.app.state.sessions
     return sessions.valid(cookie)
 
@@ -129,7 +131,7 @@ def admin_ok(request: Request, token: str | None) -> bool:
     expected = get_settings(request).admin_token
     if expected is None:
         return False
-    return checked(request, lambda: token_ok(expected, token))
+    return checked(request, lambda: token_ok(expected, token), "admin", token)
 
 
 NO_ADMIN_TOKEN = (
@@ -167,7 +169,7 @@ async def require_agent(request: Request, authorization: Annotated[str | None, H
         found.extend([credential] if credential is not None else [])
         return credential is not None
 
-    if not checked(request, ok):
+    if not checked(request, ok, "agent", bearer(authorization)):
         raise _unauthorized()
     return found[0]
 
@@ -306,7 +308,7 @@ async def require_reader_or_agent(
         found.extend([credential] if credential is not None else [])
         return credential is not None or settings.viewer_token is None
 
-    if not checked(request, ok):
+    if not checked(request, ok, "reader", given):
         raise _unauthorized()
     return found[0] if found else None
 

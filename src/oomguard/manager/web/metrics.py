@@ -319,6 +319,7 @@ def render_metrics(
     refusals: dict[str, int] | None = None,
     *,
     cap_refusals: int = 0,
+    own: list[Any] | None = None,
 ) -> tuple[bytes, str]:
     """The exposition: node series from *rows* (None: the database could not be read), what the
     fleet has learned (*learned*: ``Store.class_recommendations``; None: not computed in time) and
@@ -332,4 +333,6 @@ def render_metrics(
     registry.register(
         _Manager(db_errors, rows is not None, line, refusals or {}, learned_up=up, cap_refusals=cap_refusals)
     )
+    for collector in own or []:  # the manager's own: failed tokens, HTTP, process, build (web.observed)
+        registry.register(collector)
     return generate_latest(registry), CONTENT_TYPE_LATEST
