@@ -136,8 +136,12 @@ def test_manager_refuses_a_public_address_without_tokens(tmp_path: Path) -> None
         "manager", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--host", "0.0.0.0", "--port", str(free_port())
     )
     assert proc.returncode == 2 and "refusing to listen on 0.0.0.0" in proc.stderr
-    bad_db = oomguard("manager", "--db", "postgresql://nobody@127.0.0.1:1/none", "--port", str(free_port()))
-    assert bad_db.returncode == 2 and bad_db.stderr.startswith("oomguard: error: manager: cannot open or migrate")
+    bad_db = oomguard(
+        "manager", "--db", "postgresql://nobody@127.0.0.1:1/none", "--port", str(free_port()), "--db-wait", "0"
+    )
+    assert bad_db.returncode == 2 and bad_db.stderr.startswith(
+        "oomguard: error: manager: cannot reach the database postgresql://nobody@127.0.0.1:1/none after 1 tries"
+    )
 
 
 # -- the OpenAPI contract: generated requests never get a 5xx ---------------------------------

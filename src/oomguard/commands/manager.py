@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "       [--max-connections N] [--max-connections-per-client N] [--max-new-nodes N]\n"
         "       [--max-events-per-node N] [--max-observations-per-node N]\n"
         "       [--max-profiles N] [--max-classes N] [--max-profiles-per-node N] [--max-classes-per-node N]\n"
-        "       [--trusted-proxy CIDR]... [--session-ttl 12h]\n"
+        "       [--trusted-proxy CIDR]... [--session-ttl 12h] [--db-wait 60s]\n"
         "       %(prog)s token NODE [--fleet-secret S]\n"
         "       %(prog)s migrate [--check] [--db URL]\n"
         "       %(prog)s revoke NODE [--reason TEXT] | unrevoke NODE | revoked [--db URL]"
@@ -163,6 +163,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
     )
     flags.option(parser, "--session-ttl", "how long a dashboard login lasts (default 12h)", "DURATION")
+    flags.option(
+        parser,
+        "--db-wait",
+        "at start, how long to retry a database that cannot be reached, with backoff and a line per try "
+        "(default 60s; 0: no retry)",
+        "DURATION",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:

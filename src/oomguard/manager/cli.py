@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 
 from oomguard.errors import EXIT_OK, EXIT_THRESHOLD, UsageError
 from oomguard.manager import require_extra
@@ -30,21 +32,44 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _migrate(settings: Settings, redact: Redactor) -> None:
-    """Apply the revisions the database is behind, a line each (``db.steps``); a database ahead
-    of this manager, or one that cannot be opened, is one line and exit 2."""
-    from sqlalchemy.exc import SQLAlchemyError
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # the waits between tries of an unreachable database; then 8 s each
+
+
+def _migrate(settings: Settings, redact: Redactor, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Apply the revisions the database is behind, a line each (``db.steps``). A database that
+    cannot be reached (``OperationalError``: refused, no such host, a time-out) is tried again
+    with backoff (``BACKOFF_S``), a line per try, for ``--db-wait`` (a database and its manager
+    started together: the manager used to exit 2 at once); then, or for any other failure, or a
+    database ahead of this manager, one line and exit 2."""
+    from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
     from oomguard.manager.db import steps
 
-    try:
-        steps.upgrade(settings.db_url, _say)
-    except RuntimeError as exc:  # ahead of this manager
-        raise UsageError(str(exc)) from None
-    except (SQLAlchemyError, OSError, ImportError) as exc:
-        raise UsageError(
-            f"manager: cannot open or migrate the database {settings.masked_db()}: {redact(first_line(exc))}"
-        ) from None
+    deadline, tries = time.monotonic() + settings.db_wait_s, 0
+    while True:
+        tries += 1
+        try:
+            steps.upgrade(settings.db_url, _say)
+            return
+        except RuntimeError as exc:  # ahead of this manager
+            raise UsageError(str(exc)) from None
+        except OperationalError as exc:
+            wait = BACKOFF_S[min(tries, len(BACKOFF_S)) - 1]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise UsageError(
+                    f"manager: cannot reach the database {settings.masked_db()} after {tries} tries "
+                    f"(--db-wait {settings.db_wait_s:g}s): {redact(first_line(exc))}"
+                ) from None
+            _say(
+                f"oomguard manager: cannot reach the database {settings.masked_db()} (try {tries}): "
+                f"{redact(first_line(exc))}; trying again in {min(wait, left):.1f} s (--db-wait {settings.db_wait_s:g}s)"
+            )
+            sleep(min(wait, left))
+        except (SQLAlchemyError, OSError, ImportError) as exc:
+            raise UsageError(
+                f"manager: cannot open or migrate the database {settings.masked_db()}: {redact(first_line(exc))}"
+            ) from None
 
 
 def migrate_command(args: argparse.Namespace) -> int:

@@ -93,6 +93,7 @@ class Settings:
     header_timeout_s: float = 10.0  # a connection must send its request's headers within this
     body_timeout_s: float = 30.0  # ... and its body within this
     session_ttl_s: float = 12 * 3600.0  # the dashboard's login
+    db_wait_s: float = 60.0  # at start, how long an unreachable database is retried (cli._migrate)
     login_burst: int = 10  # failed logins or bearer tokens per client before 429 ...
     login_refill_s: float = 6.0  # ... and one more allowed every this many seconds
     failed_tokens_per_minute: int = 120  # failed tokens of all clients together, before 429
@@ -231,7 +232,12 @@ def check_fleet_secrets(secrets: tuple[str, ...]) -> None:
 
 # -- from the command line ---------------------------------------------------------------------------
 
-DURATION_FLAGS = {"retention": "retention_s", "interval": "interval_s", "session_ttl": "session_ttl_s"}  # flag: field
+DURATION_FLAGS = {  # flag: field
+    "retention": "retention_s",
+    "interval": "interval_s",
+    "session_ttl": "session_ttl_s",
+    "db_wait": "db_wait_s",
+}
 
 
 def _flag(name: str) -> str:
