@@ -61,11 +61,12 @@ def _migrate(settings: Settings, redact: Redactor, sleep: Callable[[float], None
                     f"manager: cannot reach the database {settings.masked_db()} after {tries} tries "
                     f"(--db-wait {settings.db_wait_s:g}s): {redact(first_line(exc))}"
                 ) from None
+            pause = min(wait, left)
             _say(
                 f"oomguard manager: cannot reach the database {settings.masked_db()} (try {tries}): "
-                f"{redact(first_line(exc))}; trying again in {min(wait, left):.1f} s (--db-wait {settings.db_wait_s:g}s)"
+                f"{redact(first_line(exc))}; trying again in {pause:.1f} s (--db-wait {settings.db_wait_s:g}s)"
             )
-            sleep(min(wait, left))
+            sleep(pause)
         except (SQLAlchemyError, OSError, ImportError) as exc:
             raise UsageError(
                 f"manager: cannot open or migrate the database {settings.masked_db()}: {redact(first_line(exc))}"
