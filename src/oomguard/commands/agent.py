@@ -57,9 +57,11 @@ def add_fleet_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
         flags.option(group, "--node-class", NODE_CLASS_HELP, "CLASS")
         flags.option(group, "--spool", f"spool directory for --manager (default: {SPOOL_DEFAULT})", "DIR")
         return
-    flags.option(group, "--manager", "the manager's base URL, e.g. http://manager:8080", "URL")
+    flags.option(group, "--manager", "the manager's base URL, e.g. http://manager:8080 (or OOMGUARD_MANAGER)", "URL")
     flags.add_token(group, "agent bearer token")
-    flags.option(group, "--node", "node name (default: VAST_CONTAINERLABEL, then the hostname)", "NAME")
+    flags.option(
+        group, "--node", "node name (or OOMGUARD_NODE; default: VAST_CONTAINERLABEL, then the hostname)", "NAME"
+    )
     flags.option(group, "--label", LABEL_HELP, "KEY=VALUE", action="append")
     flags.option(group, "--node-class", NODE_CLASS_HELP, "CLASS")
     flags.option(group, "--interval", "time between reports (default 30s)", "DURATION")
@@ -138,10 +140,11 @@ def _token(args: argparse.Namespace) -> str:
 
 
 def _node(args: argparse.Namespace) -> str:
-    """--node as given (``run_agent`` and ``EventForwarder`` sanitize it and say so), else the default."""
+    """--node as given (``run_agent`` and ``EventForwarder`` sanitize it and say so), else
+    ``OOMGUARD_NODE``, else the default."""
     from oomguard.agent import default_node_name
 
-    return flags.value(args, "node") or default_node_name(dict(os.environ))
+    return flags.value(args, "node") or os.environ.get("OOMGUARD_NODE") or default_node_name(dict(os.environ))
 
 
 def _spool(args: argparse.Namespace) -> str:
@@ -177,8 +180,9 @@ def execute(args: argparse.Namespace) -> int:
     from oomguard.policy.plan import make_plan
     from oomguard.units import parse_duration
 
+    args.manager = args.manager or os.environ.get("OOMGUARD_MANAGER") or None
     if not args.manager:
-        raise UsageError("agent: --manager URL is required (see 'oomguard agent --help')")
+        raise UsageError("agent: --manager URL (or OOMGUARD_MANAGER) is required (see 'oomguard agent --help')")
     token = _token(args)  # a usage error before anything is probed
     interval = parse_duration(args.interval or "30s", "--interval")
     max_time = parse_duration(args.max_time, "--max-time") if args.max_time is not None else None

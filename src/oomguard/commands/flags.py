@@ -165,29 +165,31 @@ def _shown(path: str) -> str:
     return path if path.isprintable() else repr(path)
 
 
-def _token_file(path: str) -> str:
+def _token_file(path: str, where: str = "--token-file") -> str:
     """The text of the token file *path* (``sources.files.read_bounded``: a regular file, at most
-    ``TOKEN_FILE_MAX``); ``UsageError`` when it cannot be read or holds nothing but white space."""
+    ``TOKEN_FILE_MAX``); ``UsageError`` naming *where* it was given when it cannot be read or holds
+    nothing but white space."""
     from oomguard.sources.files import read_bounded
 
     try:
         data = read_bounded(path, TOKEN_FILE_MAX)
     except OSError as exc:
-        raise UsageError(f"--token-file: cannot read {_shown(path)}: {exc.strerror or exc}") from None
+        raise UsageError(f"{where}: cannot read {_shown(path)}: {exc.strerror or exc}") from None
     except ValueError:  # a NUL byte in the path
-        raise UsageError(f"--token-file: cannot read {path!r}: a path holds no NUL byte") from None
+        raise UsageError(f"{where}: cannot read {path!r}: a path holds no NUL byte") from None
     text = data.decode("utf-8", "replace")  # a byte that is not UTF-8 fails the token's check, and says so
     if not text.strip():
-        raise UsageError(f"--token-file: {_shown(path)} is empty")
+        raise UsageError(f"{where}: {_shown(path)} is empty")
     return text
 
 
 def token_from(args: argparse.Namespace) -> str:
     """The agent's bearer token, checked (``agent.client.check_token``: visible ASCII, what the
     manager accepts), or "" for none: ``--token``, else the content of ``--token-file``, else
-    ``OOMGUARD_AGENT_TOKEN``. ``UsageError`` naming where it came from (never the token itself),
-    for both flags given, and for a token file that cannot be read or is empty. Read once per
-    *args* (``run`` asks for it for --learned and for its events)."""
+    ``OOMGUARD_AGENT_TOKEN``, else the content of the file ``OOMGUARD_AGENT_TOKEN_FILE`` names.
+    ``UsageError`` naming where it came from (never the token itself), for both flags given, and
+    for a token file that cannot be read or is empty. Read once per *args* (``run`` asks for it
+    for --learned and for its events)."""
     import os
 
     from oomguard.agent.client import check_token
@@ -199,12 +201,16 @@ def token_from(args: argparse.Namespace) -> str:
     given, path = value(args, "token"), value(args, "token_file")
     if given is not None and path is not None:
         raise UsageError("--token and --token-file: give one of them (--token-file keeps the token out of ps)")
+    from_env = os.environ.get(TOKEN_VARIABLE, "")
+    env_file = os.environ.get(TOKEN_VARIABLE + "_FILE", "")
     if given is not None:
         where, text = "--token", given
     elif path is not None:
         where, text = f"--token-file {_shown(path)}", _token_file(path)
+    elif not from_env and env_file:  # a mounted secret's file (issue 39: *_FILE for every secret)
+        where, text = f"{TOKEN_VARIABLE}_FILE {_shown(env_file)}", _token_file(env_file, f"{TOKEN_VARIABLE}_FILE")
     else:
-        where, text = TOKEN_VARIABLE, os.environ.get(TOKEN_VARIABLE, "")
+        where, text = TOKEN_VARIABLE, from_env
     try:
         token = check_token(text)
     except BadParameter as exc:

@@ -59,7 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with migrate: change nothing, exit 3 when the database is behind this manager (2 when ahead)",
     )
     parser.add_argument("node", nargs="?", metavar="NODE", help="the node of 'token', 'revoke' and 'unrevoke'")
-    flags.option(parser, "--db", "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db", "URL")
+    flags.option(
+        parser,
+        "--db",
+        "database URL: sqlite:///oomguard.db (default) or postgresql://user@host/db (or OOMGUARD_DB, or the "
+        "file OOMGUARD_DB_FILE names)",
+        "URL",
+    )
     flags.option(parser, "--host", "address to listen on (default 127.0.0.1)", "HOST")
     flags.option(parser, "--port", "port (default 8080)", "PORT")
     flags.option(

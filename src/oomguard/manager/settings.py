@@ -255,6 +255,8 @@ def _token(args: argparse.Namespace, name: str, variable: str) -> str | None:
     given, source = _text(args, name), _flag(name)
     if given is None:
         given, source = os.environ.get(variable) or None, variable
+    if given is None and os.environ.get(variable + "_FILE"):  # a mounted secret's file
+        given, source = secret_file(variable + "_FILE"), variable + "_FILE"
     if given is None:
         return None
     stripped = given.strip()
@@ -311,12 +313,38 @@ def _flag_or_env(args: argparse.Namespace, name: str, variable: str) -> tuple[st
     return None
 
 
+SECRET_FILE_MAX = 64 * 1024
+
+
+def secret_file(variable: str) -> str:
+    """The text of the file the variable *variable* names (``OOMGUARD_VIEWER_TOKEN_FILE`` and the
+    like: a Kubernetes or Docker secret mounted as a file), surrounding whitespace stripped; one
+    line naming the variable when it cannot be read or is empty (issue 39: ``*_FILE`` for every secret)."""
+    path = os.environ.get(variable, "")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SECRET_FILE_MAX + 1)
+    except OSError as exc:
+        raise UsageError(f"{variable}: cannot read {path!r}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise UsageError(f"{variable}: cannot read {path!r}: a path holds no NUL byte") from None
+    if len(data) > SECRET_FILE_MAX:
+        raise UsageError(f"{variable}: {path!r} is larger than {SECRET_FILE_MAX} bytes: not a secret's file")
+    text = data.decode("utf-8", "replace").strip()
+    if not text:
+        raise UsageError(f"{variable}: {path!r} is empty")
+    return text
+
+
 def _list(args: argparse.Namespace, name: str, variable: str) -> tuple[list[str], str]:
-    """A repeatable flag's values, else its variable's comma-separated ones (blanks dropped)."""
+    """A repeatable flag's values, else its variable's comma-separated ones (blanks dropped), else
+    those of the file ``<variable>_FILE`` names."""
     given = getattr(args, name, None)
     if isinstance(given, list) and given:
         return [str(g).strip() for g in given], _flag(name)
     text = os.environ.get(variable, "")
+    if not text and os.environ.get(variable + "_FILE"):
+        text, variable = secret_file(variable + "_FILE"), variable + "_FILE"
     return [part.strip() for part in text.split(",") if part.strip()], variable
 
 
@@ -357,6 +385,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
     text = {name: t for name in vars(args) if (t := _text(args, name)) is not None}
     if "db" in text:
         given["db_url"] = text["db"]
+    elif os.environ.get("OOMGUARD_DB"):
+        given["db_url"] = os.environ["OOMGUARD_DB"]
+    elif os.environ.get("OOMGUARD_DB_FILE"):  # a URL with a password: a secret
+        given["db_url"] = secret_file("OOMGUARD_DB_FILE")
     if "host" in text:
         given["host"] = text["host"]
     for name in ("port", "max_connections"):
