@@ -141,3 +141,19 @@ def test_docs_need_the_viewer_token_like_every_page(browser: Browser, server: Ma
     assert page.locator(".opblock").count() == 0 and not watch.errors
     assert get(server, "/redoc", VIEWER_H)[0] == 404  # only Swagger UI is served
     assert get(server, "/openapi.json")[0] == 200  # the schema itself stays public, as before
+
+
+def test_the_schema_declares_the_bearer_token_and_the_page_fits_a_phone(server: ManagerProcess) -> None:
+    """Issue 39, item 8: no security scheme (no Authorize button); /docs had no mobile viewport."""
+    schema = json.loads(get(server, "/openapi.json")[2])
+    assert schema["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "the agent's, viewer's or admin's token",
+    }
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            wanted = [] if path in ("/healthz", "/readyz", "/livez") else [{"bearer": []}]
+            assert op["security"] == wanted, (method, path)
+    status, _, page = get(server, "/docs", VIEWER_H)
+    assert status == 200 and b'<meta name="viewport" content="width=device-width, initial-scale=1">' in page

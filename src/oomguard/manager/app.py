@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from html import escape
 from importlib import resources
 from json import dumps
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -135,6 +136,7 @@ def docs_page(app: FastAPI) -> None:
     config = {**swagger_ui_default_parameters, "url": app.openapi_url, "validatorUrl": None}
     body = (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(app.title)}: API</title>"
         f'<link rel="stylesheet" href="{DOCS_ASSETS}/swagger-ui.css"></head>'
         f'<body><div id="swagger-ui" data-config="{escape(dumps(config))}"></div>'
@@ -152,6 +154,33 @@ def docs_page(app: FastAPI) -> None:
         return Response(DOCS_INIT_JS, media_type="text/javascript")
 
     app.include_router(router)
+
+
+OPEN_PATHS = ("/healthz", "/readyz", "/livez")  # no token asked (api.health)
+BEARER = {"bearer": {"type": "http", "scheme": "bearer", "description": "the agent's, viewer's or admin's token"}}
+
+
+def declared_security(app: FastAPI) -> None:
+    """OpenAPI's ``securitySchemes``: every operation asks for a bearer token (the role's: the
+    agent's, the viewer's or the admin's, as its description says) but the open health checks;
+    Swagger UI then shows its Authorize button (OpenAPI 3.1, "Security Scheme Object" and
+    "Security Requirement Object": https://spec.openapis.org/oas/v3.1.0#security-scheme-object).
+    The routes check the header themselves (``web.deps``); this only declares it."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = plain()
+        schema.setdefault("components", {}).setdefault("securitySchemes", {}).update(BEARER)
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                if isinstance(operation, dict):
+                    operation["security"] = [] if path in OPEN_PATHS else [{"bearer": []}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
@@ -199,4 +228,5 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=views.STATIC_DIR), name="static")
     docs_page(app)
+    declared_security(app)
     return app
