@@ -153,7 +153,7 @@ def test_the_schema_declares_the_bearer_token_and_the_page_fits_a_phone(server: 
     }
     for path, ops in schema["paths"].items():
         for method, op in ops.items():
-            wanted = [] if path in ("/healthz", "/readyz", "/livez") else [{"bearer": []}]
+            wanted: list[dict[str, list[str]]] = [] if path in ("/healthz", "/readyz", "/livez") else [{"bearer": []}]
             assert op["security"] == wanted, (method, path)
     status, _, page = get(server, "/docs", VIEWER_H)
     assert status == 200 and b'<meta name="viewport" content="width=device-width, initial-scale=1">' in page
