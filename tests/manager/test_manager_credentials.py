@@ -152,7 +152,7 @@ def test_rotation_two_secrets_verify_and_the_first_signs(db_url: str) -> None:
         (["token", "../x"], {"OOMGUARD_FLEET_SECRETS": SECRET}, "manager token: NODE: not a node name"),
         (["token", "n1", "--fleet-secret", "short"], {}, "--fleet-secret: at least 16 characters"),
         (["token", "n1"], {"OOMGUARD_FLEET_SECRETS": "a" * 20 + " b" * 9}, "--fleet-secret: only visible ASCII"),
-        (["tokens", "n1"], {}, "expected one of token, got 'tokens'"),
+        (["tokens", "n1"], {}, "expected one of token, migrate, revoke, unrevoke, revoked, got 'tokens'"),
         (["--trusted-proxy", "10.0.0.300"], {}, "--trusted-proxy: '10.0.0.300' is not an address or a network"),
         ([], {"OOMGUARD_TRUSTED_PROXIES": "10.0.0.0/8, nope"}, "OOMGUARD_TRUSTED_PROXIES: 'nope' is not an address"),
         (["--max-new-nodes", "0"], {}, "--max-new-nodes: must be 1 to 1000000, got 0"),
