@@ -1,7 +1,8 @@
 """The node page's chart (``manager/web/chart.py``) as SVG geometry, without a browser: the y axis
 reaches what the limit and the data need, a bogus budget above them is marked at the top instead of
-squashing the other lines, and the 15-minute range is the shortest. The browser side (the range
-links, the ticks on a node page) is in ``test_dashboard_fleet.py`` and ``test_dashboard_risk.py``."""
+squashing the other lines, and the 15-minute range is the shortest. The chart's words are in the
+``<svg>`` laid over it (``svg.chart-labels``). The browser side (the range links, the ticks on a
+node page) is in ``test_dashboard_fleet.py``, ``test_dashboard_risk.py`` and ``test_layout_pages.py``."""
 
 from __future__ import annotations
 
@@ -35,8 +36,15 @@ def history(n: int = 30, budget: int | None = 20 * GiB, limit: int | None = 2 * 
 
 
 def svg(markup: str) -> ET.Element:
-    """The chart's <svg> element (the legend after it left out)."""
-    return ET.fromstring(markup[: markup.index("</svg>") + len("</svg>")])
+    """The chart's <svg> element (its words and the legend left out)."""
+    start = markup.index('<svg class="chart"')
+    return ET.fromstring(markup[start : markup.index("</svg>", start) + len("</svg>")])
+
+
+def words(markup: str) -> ET.Element:
+    """The <svg> of the chart's words, laid over it."""
+    start = markup.index('<svg class="chart-labels"')
+    return ET.fromstring(markup[start : markup.index("</svg>", start) + len("</svg>")])
 
 
 def ys(root: ET.Element, css: str) -> list[float]:
@@ -49,27 +57,32 @@ def ys(root: ET.Element, css: str) -> list[float]:
     ]
 
 
-def ticks(root: ET.Element) -> list[str]:
-    return [t.text or "" for t in root.iter("text") if t.get("text-anchor") == "end" and t.get("x") == "64"]
+def ticks(markup: str) -> list[str]:
+    return [t.text or "" for t in words(markup).iter("text") if "y" in (t.get("class") or "").split()]
+
+
+def labelled(markup: str, css: str) -> list[ET.Element]:
+    return [t for t in words(markup).iter("text") if css in (t.get("class") or "").split()]
 
 
 def test_a_bogus_budget_does_not_flatten_the_usage_line() -> None:
-    root = svg(memory_chart(history(), [], RANGES["1h"], NOW))
+    markup = memory_chart(history(), [], RANGES["1h"], NOW)
+    root = svg(markup)
     usage = ys(root, "s-usage")
     assert len(usage) == 30
     # usage runs from 60% to 90% of a 2 GiB axis: the top of the line in the upper fifth, and it
     # spans over a quarter of the height (under a 20 GiB axis it was 3%, within the bottom tenth)
     assert min(usage) < TOP + 0.2 * PLOT
     assert max(usage) - min(usage) > 0.25 * PLOT
-    assert ticks(root) == ["0 B", "512 MiB", "1 GiB", "1.5 GiB", "2 GiB"]
+    assert ticks(markup) == ["0 B", "512 MiB", "1 GiB", "1.5 GiB", "2 GiB"]
     limit = ys(root, "s-limit")
     assert limit and all(abs(y - TOP) < 0.5 for y in limit)  # the limit is the top line
     assert ys(root, "s-budget") == []  # not drawn to scale: no budget line pinned to the top or beyond
     assert all(y >= TOP for css in ("s-usage", "s-ws", "s-limit") for y in ys(root, css))
     marker = root.find("g[@class='offtop']")
     assert marker is not None
-    label = marker.find("text")
-    assert label is not None and label.text == "budget 20 GiB (above the limit)"
+    assert [t.text for t in labelled(markup, "offtop")] == ["budget 20 GiB (above the limit)"]
+    assert marker.findtext("title", "").startswith("budget 20 GiB (above the limit): off the top")
     arrow = marker.find("polyline")
     assert arrow is not None and arrow.get("class") == "s-budget"
     arrow_ys = [float(p.split(",")[1]) for p in (arrow.get("points") or "").split()]
@@ -89,8 +102,9 @@ def test_without_a_limit_the_budget_sets_the_axis() -> None:
     """Nothing says a budget is bogus without a limit: it counts, and nothing is off the top."""
     points = [(0.0, h) for h in history(budget=4 * GiB, limit=None)]
     assert y_needed(points) == 4 * GiB
-    root = svg(memory_chart(history(budget=4 * GiB, limit=None), [], RANGES["15m"], NOW))
-    assert ticks(root)[-1] == "4 GiB" and min(ys(root, "s-budget")) == TOP
+    markup = memory_chart(history(budget=4 * GiB, limit=None), [], RANGES["15m"], NOW)
+    root = svg(markup)
+    assert ticks(markup)[-1] == "4 GiB" and min(ys(root, "s-budget")) == TOP
     assert root.find("g[@class='offtop']") is None
 
 
@@ -107,8 +121,8 @@ def test_a_budget_off_the_top_for_part_of_the_range_is_drawn_where_it_fits() -> 
 def test_fifteen_minutes_is_the_shortest_range() -> None:
     assert next(iter(RANGES)) == "15m" and RANGES["15m"] == 900 == min(RANGES.values())
     reports = history(n=60)  # 30 minutes of reports: only the last 15 are drawn
-    root = svg(memory_chart(reports, [], RANGES["15m"], NOW))
-    hover = root.find("g[@class='hover']")
+    markup = memory_chart(reports, [], RANGES["15m"], NOW)
+    hover = svg(markup).find("g[@class='hover']")
     assert hover is not None and len(hover.findall("rect")) == 31  # 0 s to 900 s ago, both ends included
-    axis = [t.text for t in root.iter("text") if t.get("y") == str(H - 8)]
+    axis = [t.text for t in labelled(markup, "x")]
     assert axis == ["23:45", "23:48", "23:52", "23:56", "00:00 UTC"]

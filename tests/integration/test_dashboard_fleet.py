@@ -159,15 +159,15 @@ def test_node_page_reads_in_words_and_units(browser: Browser, fleet: ManagerProc
 def test_chart_ranges_ticks_markers_and_hover(browser: Browser, fleet: ManagerProcess) -> None:
     page, watch = logged_in(browser, fleet, **WIDE)
     page.goto(fleet.url + "/nodes/node-05")
-    ticks = page.locator("svg.chart text.axis[x='64']").evaluate_all("ts => ts.map(t => t.textContent)")
+    ticks = page.locator("svg.chart-labels text.y").evaluate_all("ts => ts.map(t => t.textContent)")
     assert ticks == ["0 B", "128 MiB", "256 MiB", "384 MiB", "512 MiB"]  # round steps up to the 512 MiB limit
-    offtop = page.locator("svg.chart g.offtop text").text_content()  # not the 500 GiB budget, which is marked
+    offtop = page.locator("svg.chart-labels text.offtop").text_content()  # not the 500 GiB budget, which is marked
     assert offtop == "budget 500 GiB (above the limit)"
     assert page.locator("svg.chart g.oom").count() == 2  # both OOM kills marked
     tip = page.locator("svg.chart .hover rect title").first.text_content() or ""
     assert "UTC" in tip and "working set:" in tip
-    assert page.locator("nav.ranges a").all_inner_texts() == ["15m", "1h", "24h", "7d", "30d"]
-    for key in ("15m", "1h", "24h", "7d", "30d"):
+    assert page.locator("nav.ranges a").all_inner_texts() == ["15m", "1h", "6h", "24h", "7d", "30d"]
+    for key in ("15m", "1h", "6h", "24h", "7d", "30d"):
         page.click(f"nav.ranges >> text={key}")
         page.wait_for_url(re.compile(f"range={key}"))  # loaded, not only committed
         assert page.locator("nav.ranges a.active").inner_text() == key

@@ -10,7 +10,12 @@ manager's memory, grow with its history:
   highest budget, usage and working set, at the time of the bucket's last report;
 - ``page``: the stored reports themselves, newest first, *limit* at a time, with a cursor
   (``"<received ms>-<row id>"``) for the next page: keyset paging, so a deep page costs what
-  the first does.
+  the first does;
+- ``measured_series``: ``series`` on the time each report was measured (``MEASURED``: the agent's
+  own time where it sent one, never later than its arrival; else the arrival), for the
+  dashboard's chart: a report delivered late from the agent's spool is drawn when it was made,
+  not in a bar at its arrival. ``first_measured_ms`` is the oldest such time (the chart's range
+  fits the data it finds). The API's ``series`` keeps the receive time.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select
+from sqlalchemy import ColumnElement, Connection, and_, case, func, or_, select
 
-from oomguard.manager.db import reports
+from oomguard.manager.db import nodes, reports
 from oomguard.manager.times import iso_ms
 
 COLUMNS = ("effective_bytes", "budget_bytes", "usage_bytes", "working_set_bytes")
@@ -31,26 +36,56 @@ MAX_ID = 2**63 - 1
 Series = tuple[list[dict[str, Any]], int]
 
 
+# When a report was measured: the agent's own time (``agent_ms``) where it sent one, but never after
+# the report arrived (an agent clock ahead of the manager's is not believed); else its arrival.
+MEASURED: ColumnElement[int] = case(
+    (and_(reports.c.agent_ms.is_not(None), reports.c.agent_ms < reports.c.received_ms), reports.c.agent_ms),
+    else_=reports.c.received_ms,
+)
+
+
 def series(conn: Connection, node_id: int, points: int, since_ms: int | None = None) -> Series:
     """(at most *points* entries, oldest first; the number of stored reports they summarize), of
     the reports received from *since_ms* on (all when None)."""
     mine = and_(reports.c.node_id == node_id, reports.c.received_ms >= (since_ms or 0))
-    count, first, last = conn.execute(
-        select(func.count(reports.c.id), func.min(reports.c.received_ms), func.max(reports.c.received_ms)).where(mine)
-    ).one()
+    return _series(conn, mine, reports.c.received_ms, points)
+
+
+def measured_series(conn: Connection, node_id: int, points: int, since_ms: int | None = None) -> Series:
+    """``series`` by the time each report was measured (``MEASURED``), of those measured from
+    *since_ms* on: its entries' ``time`` is that time, and its buckets cut that time."""
+    return _series(conn, _measured_since(node_id, since_ms), MEASURED, points)
+
+
+def first_measured_ms(conn: Connection, node_id: int, since_ms: int | None = None) -> int | None:
+    """When the oldest of the node's reports measured from *since_ms* on was measured; None for none."""
+    first = conn.execute(select(func.min(MEASURED)).where(_measured_since(node_id, since_ms))).scalar()
+    return None if first is None else int(first)
+
+
+def node_id_of(conn: Connection, name: str) -> int | None:
+    """The id of the node *name*; None for no such node."""
+    found = conn.execute(select(nodes.c.id).where(nodes.c.name == name)).scalar()
+    return None if found is None else int(found)
+
+
+def _measured_since(node_id: int, since_ms: int | None) -> ColumnElement[bool]:
+    # A report is measured before it arrives, so the receive-time bound holds too: it keeps the
+    # (node_id, received_ms) index in use.
+    return and_(reports.c.node_id == node_id, reports.c.received_ms >= (since_ms or 0), (since_ms or 0) <= MEASURED)
+
+
+def _series(conn: Connection, mine: ColumnElement[bool], t: ColumnElement[int], points: int) -> Series:
+    count, first, last = conn.execute(select(func.count(reports.c.id), func.min(t), func.max(t)).where(mine)).one()
     count = int(count or 0)
     values = [reports.c[name] for name in COLUMNS]
     if count <= points:
-        rows = conn.execute(
-            select(reports.c.received_ms, *values).where(mine).order_by(reports.c.received_ms, reports.c.id)
-        ).all()
+        rows = conn.execute(select(t, *values).where(mine).order_by(t, reports.c.id)).all()
     else:
         span = int(last) - int(first) + 1
-        bucket = ((reports.c.received_ms - int(first)) * points // span).label("bucket")
+        bucket = ((t - int(first)) * points // span).label("bucket")
         worst = (func.min(values[0]), func.max(values[1]), func.max(values[2]), func.max(values[3]))
-        rows = conn.execute(
-            select(func.max(reports.c.received_ms), *worst).where(mine).group_by(bucket).order_by(bucket)
-        ).all()
+        rows = conn.execute(select(func.max(t), *worst).where(mine).group_by(bucket).order_by(bucket)).all()
     return [{"time": iso_ms(r[0]), **dict(zip(COLUMNS, r[1:], strict=True))} for r in rows], count
 
 

@@ -9,7 +9,12 @@ One formatter per kind of value, used by every template:
 - ``timed``: free text (an alert's message) with every ISO time in it shown by ``when``;
 - ``pct``: a percentage with one decimal ("41.6%"), "unknown" when there is none (never "0%");
 - ``reason``: an exit reason in words ("OOM kill", "pressure stop", ...);
-- ``plural``: "1 stop", "2 stops".
+- ``plural``: "1 stop", "2 stops";
+- ``happened``: an event's time as ``when`` shows it, when it happened (the supervisor's own
+  time, ``chart.measured_time``), and "(arrived 2 h later)" when it came a minute or more later
+  (kept in a spool while the manager was away);
+- ``shown_labels``: a node's labels as the nodes table lists them, the first ``LABELS_SHOWN`` by
+  key, and those left (the node page lists them all).
 
 Every filter escapes what it is given (Jinja2's ``escape``) and returns ``Markup`` only for markup
 it built itself; anything unexpected becomes "-" (never raises).
@@ -25,22 +30,30 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from oomguard.manager.times import parse_iso_ms
+from oomguard.manager.times import iso_ms, parse_iso_ms
+from oomguard.manager.web.chart import measured_time
 from oomguard.units import format_size
 
 ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)")
 ALERTS_SHOWN = 5  # alerts listed per kind before "show all"
 ALERTS_PAGE = 500  # alerts listed a page at a time by "show all"
+LABELS_SHOWN = 3  # a node's labels listed in the nodes table; the rest counted ("+13"), all on its page
+LATE_S = 60  # an event that arrived this much after it happened says so in the timeline
+
+
+def span_text(s: float) -> str:
+    """ "12 s", "5 m", "3 h", "2 d": the largest whole unit."""
+    s = abs(s)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)} {unit}"
+    return f"{int(s)} s"
 
 
 def ago_text(ms: int, now_s: float | None = None) -> str:
     """ "12 s ago", "5 m ago", "3 h ago", "2 d ago"; "in 4 s" for a time ahead of this clock."""
     s = (time.time() if now_s is None else now_s) - ms / 1000
-    ahead, s = s < 0, abs(s)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"in {int(s // size)} {unit}" if ahead else f"{int(s // size)} {unit} ago"
-    return f"in {int(s)} s" if ahead else f"{int(s)} s ago"
+    return f"in {span_text(s)}" if s < 0 else f"{span_text(s)} ago"
 
 
 def when(iso: Any, never: str = "never") -> Markup:
@@ -62,6 +75,32 @@ def timed(text: Any) -> Markup:
         last = m.end()
     out.append(escape(text[last:]))
     return Markup("").join(out)
+
+
+def happened(e: Any) -> Markup:
+    """An event's time (``when``): when it happened; "(arrived 2 h later)" after it when it came
+    ``LATE_S`` or more later."""
+    if not isinstance(e, dict):
+        return Markup("-")
+    t = measured_time(e)
+    if t is None:
+        return Markup("time unknown")
+    out = when(iso_ms(round(t * 1000)))
+    received = parse_iso_ms(e.get("received"))
+    if received is not None and received / 1000 - t >= LATE_S:
+        late = span_text(received / 1000 - t)
+        out += Markup(
+            ' <span class="late" title="sent late, from the supervisor\'s spool">(arrived {} later)</span>'
+        ).format(late)
+    return out
+
+
+def shown_labels(labels: Any) -> tuple[list[tuple[str, str]], list[str]]:
+    """(the first ``LABELS_SHOWN`` labels by key, as pairs; the rest as ``KEY=VALUE``)."""
+    if not isinstance(labels, dict):
+        return [], []
+    pairs = sorted((str(k), str(v)) for k, v in labels.items())
+    return pairs[:LABELS_SHOWN], [f"{k}={v}" for k, v in pairs[LABELS_SHOWN:]]
 
 
 def size(n: Any, none: str = "-") -> str:
@@ -146,4 +185,6 @@ FILTERS = {
     "pct": pct,
     "reason": reason,
     "plural": plural,
+    "happened": happened,
+    "shown_labels": shown_labels,
 }

@@ -27,8 +27,8 @@ from oomguard.manager.alerts import LIVE, STATUSES
 from oomguard.manager.bodies import label_filter
 from oomguard.manager.learning import WINDOW_MS
 from oomguard.manager.reportschema import conform_report
-from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS
-from oomguard.manager.web.chart import RANGES, memory_chart, profile_chart
+from oomguard.manager.store import DEFAULT_SORT, HISTORY_POINTS, SORT_KEYS, Store, history
+from oomguard.manager.web.chart import AUTO_RANGES, RANGES, fit_range, marked_times, memory_chart, profile_chart
 from oomguard.manager.web.deps import SettingsDep, StoreDep, client_of, db_read, token_ok
 from oomguard.manager.web.forget import NOTICE, logout_token, observation_token, same_origin
 from oomguard.manager.web.formatting import ALERTS_PAGE, ALERTS_SHOWN
@@ -130,37 +130,57 @@ def _offset(text: str) -> int:
 
 
 def chart_since_ms(chosen: str, now_s: float) -> int:
-    """The first receive time (epoch ms) a chart of the range *chosen* draws."""
+    """The first time (epoch ms) a chart of the range *chosen* draws."""
     return int((now_s - RANGES[chosen]) * 1000)
+
+
+NO_HISTORY_MS = 2**62  # the detail's own series (by receive time) reads nothing: the chart reads its own
+
+
+def node_with_chart(store: Store, name: str, chosen: str | None, now: float, events: int) -> dict[str, Any] | None:
+    """The node's detail (``Store.node_detail``, its timeline's page from *events*) with the
+    chart's ``history`` by the time each report was measured (``history.measured_series``) over
+    the range *chosen*, or, when None, over the range that fits the node's data (``fit_range``:
+    its reports and its events' marks of the last 30 days); ``range`` says which. None: no such node."""
+    detail = store.node_detail(name, history_points=2, history_since_ms=NO_HISTORY_MS, timeline=(TIMELINE_PAGE, events))
+    if detail is None:
+        return None
+    with store.engine.connect() as conn:
+        node_id = history.node_id_of(conn, name)
+        if chosen is None:
+            widest = chart_since_ms(AUTO_RANGES[-1], now)
+            first = None if node_id is None else history.first_measured_ms(conn, node_id, widest)
+            marks = [t for t in marked_times(detail["events"]) if t >= widest / 1000]
+            chosen = fit_range(now, [None if first is None else first / 1000, *marks])
+        points = RAW_REPORTS if RANGES[chosen] <= 86400 else HISTORY_POINTS
+        since = chart_since_ms(chosen, now)
+        series = history.measured_series(conn, node_id, points, since) if node_id is not None else ([], 0)
+    detail["history"], detail["history_count"] = series
+    detail["range"] = chosen
+    return detail
 
 
 @fleet_pages.get("/nodes/{name}", response_class=HTMLResponse)
 async def node_page(
-    request: Request, store: StoreDep, settings: SettingsDep, name: str, *, range: str = "30d", events: str = "0"
+    request: Request, store: StoreDep, settings: SettingsDep, name: str, *, range: str = "", events: str = "0"
 ) -> Response:
-    """One node; ``?range=`` (1h, 24h, 7d, 30d) sets the chart's span: the store's series of the
-    reports received in it. Up to a day, that is the reports themselves while there are at most
-    ``RAW_REPORTS`` of them (a day at the default 30 s is 2,880), else the worst of each of
-    ``RAW_REPORTS`` equal time buckets; longer ranges draw ``HISTORY_POINTS`` buckets. The
-    timeline lists ``TIMELINE_PAGE`` events from ``?events=`` (an offset), newest first."""
-    chosen = range if range in RANGES else "30d"
+    """One node; ``?range=`` (15m, 1h, 6h, 24h, 7d, 30d) sets the chart's span, else the
+    smallest of 1h to 30d that holds the node's data (``node_with_chart``). Up to a day, the chart
+    draws the reports themselves while there are at most ``RAW_REPORTS`` of them (a day at the
+    default 30 s is 2,880), else the worst of each of ``RAW_REPORTS`` equal time buckets; longer
+    ranges draw ``HISTORY_POINTS`` buckets; each at the time it was measured. The timeline lists
+    ``TIMELINE_PAGE`` events from ``?events=`` (an offset), newest first."""
+    chosen = range if range in RANGES else None
     now = time.time()
-    points = RAW_REPORTS if RANGES[chosen] <= 86400 else HISTORY_POINTS
     detail = (
-        await db_read(
-            request,
-            store.node_detail,
-            name,
-            history_points=points,
-            history_since_ms=chart_since_ms(chosen, now),
-            timeline=(TIMELINE_PAGE, _offset(events)),
-        )
+        await db_read(request, node_with_chart, store, name, chosen, now, _offset(events))
         if is_valid_node_name(name)
         else None
     )
     if detail is None:
         return missing_node(request, name)
-    chart = Markup(memory_chart(detail["history"], detail["events"], RANGES[chosen], now))  # numbers; labels escaped
+    span = RANGES[detail["range"]]
+    chart = Markup(memory_chart(detail["history"], detail["events"], span, now))  # numbers; labels escaped
     report = conform_report(detail["latest"])
     return render(
         request,
@@ -170,7 +190,8 @@ async def node_page(
         events_page=TIMELINE_PAGE,
         chart=chart,
         report=report,
-        range=chosen,
+        range=detail["range"],
+        fitted=chosen is None,
         ranges=RANGES,
         can_forget=settings.admin_token is not None,
     )
