@@ -180,7 +180,7 @@ def test_urls_and_secrets_are_masked() -> None:
 @pytest.mark.slow
 def test_the_cli_masks_the_password_in_its_errors_and_start_line(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    cmd = [sys.executable, "-m", "oomguard", "manager", "--port", "1"]
+    cmd = [sys.executable, "-m", "oomguard", "manager", "--port", "1", "--db-wait", "0"]  # no retry: one line
     bad = subprocess.run(
         [*cmd, "--db", "postgresql://u:hunter2-secret@127.0.0.1:1/x"], capture_output=True, text=True, env=env
     )
