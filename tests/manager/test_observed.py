@@ -53,6 +53,8 @@ def test_failed_tokens_requests_process_and_build(tmp_path: Path, caplog: pytest
             )
             assert r.status_code in (401, 429), r.status_code
         assert c.get("/api/v1/nodes", headers={"Authorization": "Bearer nope"}).status_code in (401, 429)
+        for made_up in ("BREW", "WHEN"):  # a client's own methods and paths: no labels of their own
+            c.request(made_up, f"/nowhere/{made_up}")
         text = c.get("/metrics", headers=VIEWER_H).text
         found = samples(text)
     assert "auth_failures" in text, [k for k in found if "auth" in k[0]]
@@ -75,3 +77,7 @@ def test_failed_tokens_requests_process_and_build(tmp_path: Path, caplog: pytest
     assert timed == 12
     assert found[("oomguard_build_info", (("python", platform.python_version()), ("version", __version__)))] == 1
     assert found[("process_resident_memory_bytes", ())] > 0  # /proc/self: the process's own numbers
+    methods = {dict(labels)["method"] for (name, labels) in found if name == "oomguard_manager_http_requests_total"}
+    routes = {dict(labels)["route"] for (name, labels) in found if name == "oomguard_manager_http_requests_total"}
+    assert "other" in methods and not methods & {"BREW", "WHEN"} and "unmatched" in routes
+    assert not any(r.startswith("/nowhere") for r in routes)

@@ -9,7 +9,7 @@ numbers and the build, all on /metrics beside the fleet's.
 - ``oomguard_manager_http_requests_total{route,method,status}`` and
   ``oomguard_manager_http_request_duration_seconds{route,method}`` (a histogram): the route's
   template (``/api/v1/nodes/{name}``, never the path a client chose: bounded labels), ``unmatched``
-  for a path no route has.
+  for a path no route has; a method outside RFC 9110's (and PATCH) is ``other``.
 - ``process_*`` (prometheus_client's ProcessCollector: /proc/self/stat and /proc/self/limits;
   https://prometheus.github.io/client_python/collector/) and ``python_info``.
 - ``oomguard_build_info{version,python} 1``.
@@ -35,6 +35,7 @@ from oomguard.manager.web.credentials import PREFIX
 log = logging.getLogger("oomguard.manager.auth")
 LOG_EVERY_S = 60.0  # one line per client a minute at most; the lines between are counted in the next
 ROLES = ("agent", "viewer", "reader", "admin")
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})  # RFC 9110 section 9 and PATCH
 _MAX_CLIENTS = 10_000  # the clients remembered for the log's rate; past it the oldest are forgotten
 
 
@@ -151,6 +152,7 @@ class HttpMetrics:
             await self.app(scope, receive, sending)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            method = str(scope.get("method", "?"))[:16]
+            method = str(scope.get("method", ""))
+            method = method if method in METHODS else "other"  # a client's made-up method: no label of its own
             self.observed.requests.labels(route, method, str(status[0] or 500)).inc()
             self.observed.latency.labels(route, method).observe(time.perf_counter() - start)
