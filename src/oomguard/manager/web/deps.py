@@ -191,7 +191,6 @@ class Revoked:
     def __init__(self) -> None:
         self.names: dict[str, str] = {}  # node -> since when (ISO 8601)
         self._at = -float("inf")
-        self._lock = asyncio.Lock()
 
     def changed(self) -> None:
         """This replica changed the list: read it again at the next request."""
@@ -200,15 +199,15 @@ class Revoked:
     async def since(self, store: Store, node: str) -> str | None:
         """When *node* was revoked, or None."""
         if time.monotonic() - self._at >= self.REFRESH_S:
-            async with self._lock:
-                if time.monotonic() - self._at >= self.REFRESH_S:
-                    read = anyio.to_thread.run_sync(store.revoked_nodes, abandon_on_cancel=True)
-                    try:
-                        rows = await asyncio.wait_for(read, self.READ_TIMEOUT_S)
-                        self.names = {r["node"]: r["revoked"] for r in rows}
-                    except Exception:
-                        pass
-                    self._at = time.monotonic()
+            # No lock (an asyncio lock is its event loop's): requests that find the list stale
+            # together each read it, a few small reads a second at most.
+            read = anyio.to_thread.run_sync(store.revoked_nodes, abandon_on_cancel=True)
+            try:
+                rows = await asyncio.wait_for(read, self.READ_TIMEOUT_S)
+                self.names = {r["node"]: r["revoked"] for r in rows}
+            except Exception:  # any failure: the last list stands (the class's doc)
+                pass
+            self._at = time.monotonic()
         return self.names.get(node)
 
 
