@@ -139,7 +139,6 @@ def revoke_command(args: argparse.Namespace) -> int:
     revoked-node list on the database itself (``store/revoked.py``), which every replica reads on
     each request. The database must be at this manager's head (``migrate`` first)."""
     import json
-    import time
 
     from sqlalchemy.exc import SQLAlchemyError
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -118,8 +118,6 @@ class _Auth:
         self.auth = auth
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily
-
         c = CounterMetricFamily(
             "oomguard_manager_auth_failures",
             "Requests whose token was refused, by the role it was tried for.",
