@@ -719,7 +719,10 @@ def test_oom_kill_is_classified(group: Group, tmp_path: Path) -> None:
     rc, ev, _ = run_in(group, tmp_path, "--restart", "never", "--", PY, "-c", ALLOC, str(2 * GiB))
     assert rc == 137
     assert (ev[1]["reason"], ev[1]["signal"]) == ("oom-kill", 9)
-    assert ev[1]["peak_bytes"] > 500 * MiB
+    if ev[1]["peak_bytes"] is None:  # the OOM reaper emptied it first (a loaded host): said, not hidden
+        assert "peak unknown: the OOM reaper emptied the worker" in ev[1]["message"]
+    else:
+        assert ev[1]["peak_bytes"] > 500 * MiB
 
 
 @needs_cgroup

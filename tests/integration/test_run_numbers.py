@@ -127,6 +127,21 @@ def test_the_exit_says_the_oom_killer_at_the_limit_and_a_budget_over_it() -> Non
     )
 
 
+def test_a_lower_bound_over_the_budget_says_over_it_and_one_within_says_nothing() -> None:
+    """The OOM reaper can empty the victim before it exits (supervisor/peak.py): its peak is unknown, but a
+    last sample over the budget proves the peak was over it; a sample within it proves nothing."""
+    why = "peak unknown: the OOM reaper emptied the worker"
+    over = peak_story(None, 128 * MiB, 512 * MiB, "cgroup-v1", oom="worker", kills=1, unknown=why, at_least=469 * MiB)
+    assert over == (
+        f"{why}, over its 128 MiB budget (at least); "
+        "killed by the kernel's OOM killer at the 512 MiB limit (cgroup-v1, oom_kill +1)"
+    )
+    within = peak_story(None, 128 * MiB, 512 * MiB, "cgroup-v1", oom="worker", kills=1, unknown=why, at_least=64 * MiB)
+    assert "budget" not in within and "within" not in within
+    known = peak_story(500 * MiB, 128 * MiB, 512 * MiB, "cgroup-v1", source="vmhwm", at_least=64 * MiB)
+    assert known is not None and "over its 128 MiB budget, within the 512 MiB limit" in known
+
+
 def test_a_neighbours_share_is_said_and_excuses_the_worker() -> None:
     neighbour = Outside(400 * MiB, (4242,))
     ws = 3920 * MiB  # the stop line of a 4 GiB ceiling with a 2% margin
@@ -344,7 +359,11 @@ def test_an_oom_kill_is_the_kernels_at_the_limit(group: Group, tmp_path: Path) -
     assert rc == 137 and (end["reason"], end["oom_victim"]) == ("oom-kill", "worker")
     assert end["message"].endswith("; killed by the kernel's OOM killer at the 512 MiB limit (cgroup-v1, oom_kill +1)")
     assert "within the 512 MiB limit" not in end["message"] and "over its 128 MiB budget" in end["message"]
-    assert end["peak_source"] == "vmhwm" and 384 * MiB < end["peak_bytes"] < 512 * MiB  # its own, near the limit
+    if end["peak_bytes"] is None:  # the OOM reaper emptied it first (a loaded host): the last sample bounds it
+        assert end["peak_source"] is None and "peak unknown: the OOM reaper emptied the worker" in end["message"]
+        assert "over its 128 MiB budget (at least)" in end["message"]
+    else:
+        assert end["peak_source"] == "vmhwm" and 384 * MiB < end["peak_bytes"] < 512 * MiB  # its own, near the limit
 
 
 @needs_v1

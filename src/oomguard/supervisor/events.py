@@ -126,12 +126,15 @@ def peak_story(
     oom: str | None = None,
     kills: int | None = None,
     unknown: str | None = None,
+    at_least: int | None = None,
 ) -> str | None:
     """The exit's numbers, e.g. "peak 3.5 GiB (VmHWM), within its 3.6 GiB budget (97%), within the 4 GiB
     limit (cgroup-v2, 87%)". After an OOM kill (*oom*: the victim) the limit is where the kernel acted:
     "...; killed by the kernel's OOM killer at the 4 GiB limit (cgroup-v2, oom_kill +1)", never "within"
     it. A budget above the limit is said as such, never compared with the peak. Without a peak, *unknown*
-    says why in its place."""
+    says why in its place, and a lower bound of it (*at_least*, the last sample) above the budget is still
+    "over its SIZE budget (at least)": a bound over the budget proves the peak was; one within it proves
+    nothing, so nothing is said."""
     parts = [f"peak {format_size(peak)}" + (f" ({SOURCE_WORDS.get(source, source)})" if source else "")]
     if peak is None:
         parts = [unknown] if unknown else []
@@ -139,6 +142,8 @@ def peak_story(
         parts.append(f"its {format_size(budget)} budget is over the {format_size(limit)} limit")
     elif budget is not None and peak is not None:
         parts.append(_peak_against(peak, budget, "its SIZE budget"))
+    elif budget is not None and at_least is not None and at_least > budget:
+        parts.append(f"over its {format_size(budget)} budget (at least)")
     if oom is None and limit is not None and peak is not None:
         parts.append(_peak_against(peak, limit, "the SIZE limit", limited_by))
     text = ", ".join(parts)

@@ -300,7 +300,19 @@ class Supervisor:
                 self._grace_note = self._grace_lesson(guard)
         common["outside_bytes"] = outside.bytes if outside is not None else None
         oom = verdict.victim if verdict.reason == OOM_KILL else None
-        said = [peak_story(peak, budget, limit, limited_by, source=source, oom=oom, kills=e.kills, unknown=unknown)]
+        said = [
+            peak_story(
+                peak,
+                budget,
+                limit,
+                limited_by,
+                source=source,
+                oom=oom,
+                kills=e.kills,
+                unknown=unknown,
+                at_least=tree.sampled if tree_peak is None else None,
+            )
+        ]
         said.append(verdict.note)
         share = neighbour_share(outside, whole)
         self._excused = None
