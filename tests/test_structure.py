@@ -16,7 +16,7 @@ Layers, lowest first (an import may go down or sideways, never up)::
 the lazy bridge (``ALLOWED_MANAGER_IMPORTERS``) imports it. Inside, its rooms are layered the same
 way (``MANAGER_ROOMS``), lowest first::
 
-    base        oomguard.manager (``__init__``), times, redact, settings (the configuration)
+    base        oomguard.manager (``__init__``), times, redact, logs (text or JSON), settings (the configuration)
     contract    reportschema (the JSON Schema engine), contract (the report as the manager takes it), bodies
     db/         the tables, engines and migrations
     policy      alerts, retention, learning (the fleet learns: the recommender's rule)
@@ -57,7 +57,7 @@ MANAGER = f"{PACKAGE}.manager"
 # The manager's rooms, lowest first: a module directly in manager/ is named here; one in a folder
 # (db/, store/, web/) takes its folder's room. ``""`` is the package itself (``manager/__init__``).
 MANAGER_ROOMS = (
-    ("base", ("", "times", "redact", "settings")),
+    ("base", ("", "times", "redact", "logs", "settings")),
     ("contract", ("reportschema", "contract", "bodies")),
     ("db", ("db",)),
     ("policy", ("alerts", "retention", "learning")),

@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "completion": "print a shell completion script (bash or zsh)",
 }
 
+ENV_COMMANDS = ("agent", "manager")  # whose options are also OOMGUARD_* variables
 DESCRIPTION = "Know the memory a worker may really use inside a container, and keep it there."
 
 
@@ -171,6 +172,15 @@ def build_parser(command: str | None = None, *, full: bool = False) -> Parser:
     return parser
 
 
+def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """*command*'s own parser in *parser* (as ``build_parser`` made it)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    raise KeyError(command)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     """*argv* (without the program name) parsed as oomguard parses it; UsageError when it cannot be."""
     command = _command_of(argv)
@@ -185,6 +195,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
             f"{command}: {what} (see 'oomguard {command} --help')" if command else f"{what} (see 'oomguard --help')"
         )
     args.parser = parser
+    args.from_env = {}
+    if command in ENV_COMMANDS:  # every option is also a variable (commands/envflags.py)
+        from oomguard.commands import envflags
+
+        args.from_env = envflags.apply(command, subparser(parser, command), args, os.environ)
     return args
 
 
@@ -199,7 +214,11 @@ def run(argv: list[str]) -> int:
     if args.command is None:
         args.parser.print_help()
         return EXIT_USAGE
-    code = _module(args.command).execute(args)
+    try:
+        code = _module(args.command).execute(args)
+    except OomguardError as exc:
+        exc.from_env = args.from_env  # main names the variable a value came from
+        raise
     assert isinstance(code, int)
     return code
 
@@ -214,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             from oomguard.commands.flags import flag_message
 
             message = flag_message(exc)
+        if exc.from_env:
+            from oomguard.commands.envflags import reword
+
+            message = reword(message, exc.from_env)
         sys.stderr.write(f"oomguard: error: {message}\n")
         return exc.exit_code
     except KeyboardInterrupt:

@@ -68,9 +68,11 @@ def exit_codes_markdown() -> str:
 
 
 class OomguardError(Exception):
-    """Base class; ``exit_code`` is what ``oomguard`` exits with."""
+    """Base class; ``exit_code`` is what ``oomguard`` exits with; ``from_env``: {option: variable} of
+    the options a variable gave (``cli`` names the variable in the message: commands/envflags.py)."""
 
     exit_code = EXIT_USAGE
+    from_env: dict[str, str] | None = None
 
 
 class UsageError(OomguardError):

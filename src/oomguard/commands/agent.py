@@ -125,7 +125,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "[--cuzk-status URL]"
     )
     parser.description = SUMMARY
-    parser.epilog = "With plan flags the report carries the plan (concurrency, memlock need) too.\n" + flags.DURATIONS
+    parser.epilog = (
+        "With plan flags the report carries the plan (concurrency, memlock need) too.\n"
+        + flags.DURATIONS
+        + "\n"
+        + flags.ENVIRONMENT
+    )
     add_fleet_options(parser, run=False)
     _gate_options(parser)
     _consumer_options(parser)
@@ -180,8 +185,7 @@ def execute(args: argparse.Namespace) -> int:
     from oomguard.policy.plan import make_plan
     from oomguard.units import parse_duration
 
-    args.manager = args.manager or os.environ.get("OOMGUARD_MANAGER") or None
-    if not args.manager:
+    if not args.manager:  # nor OOMGUARD_MANAGER (cli.parse applied the variables: commands/envflags.py)
         raise UsageError("agent: --manager URL (or OOMGUARD_MANAGER) is required (see 'oomguard agent --help')")
     token = _token(args)  # a usage error before anything is probed
     interval = parse_duration(args.interval or "30s", "--interval")

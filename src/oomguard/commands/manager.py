@@ -28,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "       [--max-connections N] [--max-connections-per-client N] [--max-new-nodes N]\n"
         "       [--max-events-per-node N] [--max-observations-per-node N]\n"
         "       [--max-profiles N] [--max-classes N] [--max-profiles-per-node N] [--max-classes-per-node N]\n"
-        "       [--trusted-proxy CIDR]... [--session-ttl 12h] [--db-wait 60s]\n"
+        "       [--trusted-proxy CIDR]... [--session-ttl 12h] [--db-wait 60s] [--log-format text|json]\n"
         "       %(prog)s token NODE [--fleet-secret S]\n"
         "       %(prog)s migrate [--check] [--db URL]\n"
         "       %(prog)s revoke NODE [--reason TEXT] | unrevoke NODE | revoked [--db URL]"
@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "viewer token, are required, of at least 16 characters (fleet secrets everywhere); the admin token "
         "(forgetting nodes) is optional, and without it nobody may forget a node. Tokens are compared in constant "
         "time; whitespace around a token is stripped, with a warning. X-Forwarded-For, -Proto and -Host are "
-        "believed only from --trusted-proxy addresses (none by default).\n" + flags.DURATIONS
+        "believed only from --trusted-proxy addresses (none by default).\n" + flags.DURATIONS + "\n" + flags.ENVIRONMENT
     )
     parser.add_argument(
         "action",
@@ -167,6 +167,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(or OOMGUARD_TRUSTED_PROXIES, comma-separated; default none)",
         "CIDR",
         action="append",
+    )
+    flags.option(
+        parser,
+        "--log-format",
+        "text (default) or json: one JSON object a line (time, level, logger, message and the line's own fields)",
+        "FORMAT",
+        type=flags.OneOf(("text", "json")),
     )
     flags.option(parser, "--session-ttl", "how long a dashboard login lasts (default 12h)", "DURATION")
     flags.option(

@@ -12,12 +12,13 @@ which imports this module only when the command runs); ``settings.settings_from`
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 import time
 from collections.abc import Callable
 
 from oomguard.errors import EXIT_OK, EXIT_THRESHOLD, UsageError
 from oomguard.manager import require_extra
+from oomguard.manager.logs import sayer
 from oomguard.manager.redact import Redactor, first_line
 from oomguard.manager.settings import Settings, check_fleet_secrets, fleet_secrets_from, settings_from
 
@@ -28,14 +29,15 @@ FLEET_TOKEN_WARNING = (
 )
 
 
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # the waits between tries of an unreachable database; then 8 s each
 
 
-def _migrate(settings: Settings, redact: Redactor, sleep: Callable[[float], None] = time.sleep) -> None:
+def _migrate(
+    settings: Settings,
+    redact: Redactor,
+    sleep: Callable[[float], None] = time.sleep,
+    say: Callable[[str], None] | None = None,
+) -> None:
     """Apply the revisions the database is behind, a line each (``db.steps``). A database that
     cannot be reached (``OperationalError``: refused, no such host, a time-out) is tried again
     with backoff (``BACKOFF_S``), a line per try, for ``--db-wait`` (a database and its manager
@@ -45,11 +47,12 @@ def _migrate(settings: Settings, redact: Redactor, sleep: Callable[[float], None
 
     from oomguard.manager.db import steps
 
+    say = say or sayer(settings.log_format, redact)
     deadline, tries = time.monotonic() + settings.db_wait_s, 0
     while True:
         tries += 1
         try:
-            steps.upgrade(settings.db_url, _say)
+            steps.upgrade(settings.db_url, say)
             return
         except RuntimeError as exc:  # ahead of this manager
             raise UsageError(str(exc)) from None
@@ -62,7 +65,7 @@ def _migrate(settings: Settings, redact: Redactor, sleep: Callable[[float], None
                     f"(--db-wait {settings.db_wait_s:g}s): {redact(first_line(exc))}"
                 ) from None
             pause = min(wait, left)
-            _say(
+            say(
                 f"oomguard manager: cannot reach the database {settings.masked_db()} (try {tries}): "
                 f"{redact(first_line(exc))}; trying again in {pause:.1f} s (--db-wait {settings.db_wait_s:g}s)"
             )
@@ -82,6 +85,7 @@ def migrate_command(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     redact = Redactor(settings.secrets())
+    say = sayer(settings.log_format, redact)
     try:
         found = steps.state(settings.db_url)
     except (SQLAlchemyError, OSError) as exc:
@@ -93,16 +97,16 @@ def migrate_command(args: argparse.Namespace) -> int:
     at = found.current or "none (an empty database)"
     if getattr(args, "check", False):
         if found.pending:
-            _say(
+            say(
                 f"oomguard manager: the database is at revision {at}, behind this manager's {found.head}: "
                 f"{len(found.pending)} to apply ({', '.join(found.pending)}); run: oomguard manager migrate"
             )
             return EXIT_THRESHOLD
-        _say(f"oomguard manager: the database is at revision {found.head}, this manager's head")
+        say(f"oomguard manager: the database is at revision {found.head}, this manager's head")
         return EXIT_OK
     _migrate(settings, redact)
     done = "nothing to apply" if not found.pending else f"{len(found.pending)} applied"
-    _say(f"oomguard manager: the database is at revision {found.head}, this manager's head ({done})")
+    say(f"oomguard manager: the database is at revision {found.head}, this manager's head ({done})")
     return EXIT_OK
 
 
@@ -153,6 +157,7 @@ def revoke_command(args: argparse.Namespace) -> int:
         raise UsageError("manager: --reason goes with 'revoke', at most 500 characters")
     settings = settings_from(args)
     redact = Redactor(settings.secrets())
+    say = sayer(settings.log_format, redact)
     try:
         found = steps.state(settings.db_url)
         if found.ahead or found.pending:
@@ -167,10 +172,10 @@ def revoke_command(args: argparse.Namespace) -> int:
                 return EXIT_OK
             if action == "revoke":
                 done = revoked.revoke(conn, node, int(time.time() * 1000), reason)
-                _say(f"oomguard manager: node {node} " + ("revoked" if done else "was revoked already"))
+                say(f"oomguard manager: node {node} " + ("revoked" if done else "was revoked already"))
             else:
                 done = revoked.unrevoke(conn, node)
-                _say(f"oomguard manager: node {node} " + ("is no longer revoked" if done else "was not revoked"))
+                say(f"oomguard manager: node {node} " + ("is no longer revoked" if done else "was not revoked"))
         engine.dispose()
     except SQLAlchemyError as exc:
         raise UsageError(
@@ -203,9 +208,10 @@ def manager_command(args: argparse.Namespace) -> int:
 
     cap = server.connection_cap(settings.max_connections, server.raise_nofile())
     sock = server.bind(settings.host, settings.port)
-    print(start_line(settings, cap), file=sys.stderr, flush=True)
+    say = sayer(settings.log_format, redact)
+    say(start_line(settings, cap))
     if settings.agent_token is not None:
-        print(FLEET_TOKEN_WARNING.format(cap=settings.max_new_nodes), file=sys.stderr, flush=True)
+        sayer(settings.log_format, redact, logging.WARNING)(FLEET_TOKEN_WARNING.format(cap=settings.max_new_nodes))
     server.serve(
         create_app(settings),
         sock,
@@ -214,5 +220,6 @@ def manager_command(args: argparse.Namespace) -> int:
         redactor=redact,
         per_client_connections=settings.per_client_connections,
         trusted_proxies=settings.trusted_proxies,
+        log_format=settings.log_format,
     )
     return EXIT_OK

@@ -65,6 +65,7 @@ MAX_PROFILES = 200
 MAX_CLASSES = 100
 MAX_PROFILES_PER_NODE = 16
 MAX_CLASSES_PER_NODE = 4
+LOG_FORMATS = ("text", "json")  # manager/logs.py's FORMATS (imported there: settings imports no logging)
 NODE_TOKEN_PREFIX = "ogn1."  # web.credentials.PREFIX: a fleet-wide token must not look like a node's
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -110,6 +111,7 @@ class Settings:
     # The working-set alert's line: this share of the effective limit (--working-set-line or
     # OOMGUARD_WORKING_SET_LINE: "90%" or "0.9"); a working set above the budget alerts too.
     working_set_line: float = 0.9
+    log_format: str = "text"  # or "json", one object a line (manager/logs.py)
 
     def hosts(self) -> tuple[str, ...]:
         """The Host header values accepted: ``--allowed-hosts``, else the bind address and localhost;
@@ -183,6 +185,8 @@ class Settings:
         for entry in self.allowed_hosts or ():
             if not _HOST_ENTRY.match(entry):
                 raise UsageError(f"--allowed-hosts: {entry!r} is not a host name, an address or *")
+        if self.log_format not in LOG_FORMATS:
+            raise UsageError(f"--log-format: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if not 0 < self.working_set_line <= 1:
             raise UsageError(f"--working-set-line: must be above 0% and at most 100%, got {self.working_set_line:g}")
         floor = max(FORGET_AFTER_MIN_S, 3 * self.interval_s)
@@ -391,6 +395,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         given["db_url"] = secret_file("OOMGUARD_DB_FILE")
     if "host" in text:
         given["host"] = text["host"]
+    if "log_format" in text:
+        given["log_format"] = text["log_format"]
     for name in ("port", "max_connections"):
         if name in text:
             given[name] = _number(name, text[name])

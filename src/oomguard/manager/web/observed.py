@@ -77,6 +77,7 @@ class AuthFailures:
             f" (claims node {node!r})" if node else "",
             what,
             more,
+            extra={"event": "auth-failure", "role": role, "client": client, "node": node, "reason": what},
         )
 
 

@@ -67,6 +67,7 @@ class NodeQuota:
                 self.per_minute,
                 self.kind,
                 self.flag,
+                extra={"event": "node-quota", "node": node, "kind": self.kind, "per_minute": self.per_minute},
             )
         return wait
 

@@ -27,7 +27,8 @@
   the same rule for the app run by any other server).
 - ``X-Forwarded-*`` are not uvicorn's to believe (``proxy_headers=False``): ``web.proxies``
   believes them from ``trusted_proxies`` only.
-- Logs: one line per message, passwords and tokens masked (``RedactingFormatter``), and each kind
+- Logs: one line per message (text, or JSON with ``--log-format json``: ``manager.logs``), passwords
+  and tokens masked (``Redactor``), and each kind
   of message at most ``LOG_BURST`` times a minute (``RateLimitFilter``; the next one that passes
   says how many were dropped). A flood of bad requests cannot fill the disk. Running out of
   descriptors while accepting (EMFILE) is one such line, not asyncio's traceback.
@@ -48,7 +49,8 @@ from typing import Any
 import uvicorn
 
 from oomguard.errors import UsageError
-from oomguard.manager.redact import RedactingFormatter, Redactor, first_line
+from oomguard.manager.logs import formatter
+from oomguard.manager.redact import Redactor, first_line
 from oomguard.manager.settings import PER_CLIENT_DEFAULT
 from oomguard.manager.web.connections import OUT_OF_DESCRIPTORS, Admission, GuardedListener
 from oomguard.manager.web.priority import classifier
@@ -68,7 +70,6 @@ KEEP_ALIVE_S = 5.0  # an idle connection between requests is closed after this
 LOG_BURST = 20
 EMFILE_LOG_EVERY_S = 10.0
 LOG_WINDOW_S = 60.0
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _log = logging.getLogger("oomguard.manager.connections")
 
 
@@ -194,12 +195,13 @@ class RateLimitFilter(logging.Filter):
         return True
 
 
-def logging_config(redactor: Redactor) -> dict[str, Any]:
-    """uvicorn's ``log_config``: everything to stderr, masked and rate-limited; no access log."""
+def logging_config(redactor: Redactor, log_format: str = "text") -> dict[str, Any]:
+    """uvicorn's ``log_config``: everything to stderr, masked and rate-limited, as text or JSON
+    (``manager.logs``); no access log."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"masked": {"()": RedactingFormatter, "fmt": LOG_FORMAT, "redactor": redactor}},
+        "formatters": {"masked": {"()": formatter, "log_format": log_format, "redactor": redactor}},
         "filters": {"rate": {"()": RateLimitFilter}},
         "handlers": {
             "stderr": {
@@ -229,6 +231,7 @@ def build_server(
     trusted_proxies: Sequence[Network] = (),
     body_timeout_s: float | None = None,
     keep_alive_s: float = KEEP_ALIVE_S,
+    log_format: str = "text",
 ) -> GuardedServer:
     """The uvicorn server (``log=False`` leaves the process's logging as it is: tests in-process).
     *max_connections* is the 503 cap (already fitted to the descriptor limit: ``connection_cap``);
@@ -245,7 +248,7 @@ def build_server(
         limit_concurrency=max_connections,
         timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
         proxy_headers=False,
-        log_config=logging_config(redactor or Redactor()) if log else None,
+        log_config=logging_config(redactor or Redactor(), log_format) if log else None,
         access_log=False,
         timeout_graceful_shutdown=10,
         lifespan="on",
@@ -263,6 +266,7 @@ def serve(
     per_client_connections: int = DEFAULT_PER_CLIENT,
     trusted_proxies: Sequence[Network] = (),
     body_timeout_s: float | None = None,
+    log_format: str = "text",
 ) -> None:
     """Run uvicorn on *sock* until stopped (SIGINT, SIGTERM)."""
     build_server(
@@ -273,4 +277,5 @@ def serve(
         per_client_connections=per_client_connections,
         trusted_proxies=trusted_proxies,
         body_timeout_s=body_timeout_s,
+        log_format=log_format,
     ).run(sockets=[sock])
