@@ -40,6 +40,22 @@ from oomguard.manager.store import DEFAULT_SORT, SORT_KEYS, Store
 from oomguard.manager.store.claims import CAP_RETRY_AFTER_S, Refused
 from oomguard.manager.store.health import DatabaseUnavailable, DbHealth, classify
 from oomguard.manager.times import parse_iso_ms
+from oomguard.manager.web.answers import (
+    Alerts,
+    Alive,
+    Events,
+    Excluded,
+    Health,
+    History,
+    Invalid,
+    NodeDetail,
+    Nodes,
+    Problem,
+    Profiles,
+    Recommendation,
+    RevokedList,
+    RevokeResult,
+)
 from oomguard.manager.web.deps import (
     DB_FAILURES,
     AgentDep,
@@ -63,32 +79,42 @@ from oomguard.units import MAX_SIZE
 
 HEALTH_TIMEOUT_S = 2.0
 NO_NUL = r"^[^\x00]*$"
-REFUSALS: dict[int | str, dict[str, Any]] = {
-    408: {"description": "the body did not arrive in time"},
-    413: {"description": "body too large"},
+# The answers besides a route's own (``response_model``: ``web.answers``). Every error body is
+# ``{"detail": ...}``: ``answers.Problem``, a 422's ``answers.Invalid``.
+Responses = dict[int | str, dict[str, Any]]
+REFUSALS: Responses = {
+    401: {"model": Problem, "description": "no valid bearer token (or session)"},
+    408: {"model": Problem, "description": "the body did not arrive in time"},
+    413: {"model": Problem, "description": "body too large"},
+    422: {"model": Invalid, "description": "the request does not fit its parameters or body"},
     429: {
+        "model": Problem,
         "description": (
             "too many failed tokens (this client's, or all clients'), new nodes an hour, or the node's "
             "events or observations a minute (Retry-After)"
-        )
+        ),
     },
-    503: {"description": "the database is unavailable; retry later (Retry-After)"},
+    503: {"model": Problem, "description": "the database is unavailable; retry later (Retry-After)"},
 }
+OTHER_NODES: Responses = {403: {"model": Problem, "description": "the token is another node's"}}
+NO_NODE: Responses = {404: {"model": Problem, "description": "no such node"}}
+NO_OBSERVATION: Responses = {404: {"model": Problem, "description": "no such observation"}}
+UNAVAILABLE: Responses = {503: {"model": Health, "description": "the database cannot be read or written"}}
 
 ingest = APIRouter(
     prefix="/api/v1",
     dependencies=[Depends(require_agent)],
-    responses={**REFUSALS, 403: {"description": "the token is another node's"}},
+    responses={**REFUSALS, **OTHER_NODES},
 )
 reads = APIRouter(dependencies=[Depends(require_viewer)], responses=REFUSALS)
 admin = APIRouter(
     prefix="/api/v1",
     dependencies=[Depends(require_admin)],
-    responses={**REFUSALS, 403: {"description": "the manager has no admin token (--admin-token)"}},
+    responses={**REFUSALS, 403: {"model": Problem, "description": "the manager has no admin token (--admin-token)"}},
 )
 health = APIRouter()
 # A profile's learned size: for readers and for the agents that plan with it (deps.require_reader_or_agent).
-advice = APIRouter(responses={**REFUSALS, 403: {"description": "the token is another node's"}})
+advice = APIRouter(responses={**REFUSALS, **OTHER_NODES})
 OTHER_NODE_READ = "this token is another node's: a node's token reads that node's recommendation only"
 
 
@@ -159,7 +185,7 @@ async def post_observation(
     return Stored(stored=stored, id=body.id)
 
 
-@reads.get("/api/v1/profiles")
+@reads.get("/api/v1/profiles", response_model=Profiles)
 async def get_profiles(request: Request, store: StoreDep) -> dict[str, Any]:
     """The profiles observed in the recommender's window (14 days), the most observed first: each
     one's runs (``samples``), ``nodes``, ``failures`` (OOM kills and pressure stops) and the time
@@ -167,7 +193,7 @@ async def get_profiles(request: Request, store: StoreDep) -> dict[str, Any]:
     return {"profiles": await db_read(request, store.profiles_index)}
 
 
-@advice.get("/api/v1/profiles/{profile}/recommendation")
+@advice.get("/api/v1/profiles/{profile}/recommendation", response_model=Recommendation)
 async def get_recommendation(
     *,
     request: Request,
@@ -195,7 +221,7 @@ async def get_recommendation(
     return await db_read(request, store.recommendation, profile, node, node_class, budget_bytes)
 
 
-@reads.get("/api/v1/nodes")
+@reads.get("/api/v1/nodes", response_model=Nodes)
 async def get_nodes(
     *,
     request: Request,
@@ -229,7 +255,7 @@ def parse_label(text: str | None) -> tuple[str, str] | None:
 NodeName = Annotated[str, Path(pattern=NODE_PATTERN, max_length=128)]
 
 
-@reads.get("/api/v1/nodes/{name}")
+@reads.get("/api/v1/nodes/{name}", response_model=NodeDetail, response_model_exclude_unset=True, responses=NO_NODE)
 async def get_node(
     request: Request,
     store: StoreDep,
@@ -243,7 +269,7 @@ async def get_node(
     return detail
 
 
-@reads.get("/api/v1/nodes/{name}/history")
+@reads.get("/api/v1/nodes/{name}/history", response_model=History, responses=NO_NODE)
 async def get_node_history(
     request: Request,
     store: StoreDep,
@@ -261,7 +287,7 @@ async def get_node_history(
     return page
 
 
-@reads.get("/api/v1/nodes/{name}/events")
+@reads.get("/api/v1/nodes/{name}/events", response_model=Events, responses=NO_NODE)
 async def get_node_events(
     request: Request,
     store: StoreDep,
@@ -276,7 +302,7 @@ async def get_node_events(
     return page
 
 
-@admin.delete("/nodes/{name}", status_code=204, responses={404: {"description": "no such node"}})
+@admin.delete("/nodes/{name}", status_code=204, responses=NO_NODE)
 async def delete_node(request: Request, store: StoreDep, name: NodeName) -> Response:
     """Forget a node: the node and all its rows (reports, events) are deleted. A later report or
     event from it starts it anew. Admin token only (``--admin-token``)."""
@@ -292,7 +318,11 @@ class Revocation(BaseModel):
     reason: Annotated[str, Field(max_length=500, pattern=NO_NUL)] | None = None
 
 
-@admin.put("/revoked/{name}", responses={200: {"description": "revoked (revoked: false when it was already)"}})
+@admin.put(
+    "/revoked/{name}",
+    response_model=RevokeResult,
+    responses={200: {"description": "revoked (revoked: false when it was already)"}},
+)
 async def revoke_node(
     request: Request, store: StoreDep, name: NodeName, body: Revocation | None = None
 ) -> dict[str, Any]:
@@ -304,7 +334,7 @@ async def revoke_node(
     return {"node": name, "revoked": done}
 
 
-@admin.delete("/revoked/{name}", status_code=204, responses={404: {"description": "not revoked"}})
+@admin.delete("/revoked/{name}", status_code=204, responses={404: {"model": Problem, "description": "not revoked"}})
 async def unrevoke_node(request: Request, store: StoreDep, name: NodeName) -> Response:
     """Take node *name* off the revoked list: its token works again. Admin token only."""
     if not await db_write(request, store.unrevoke(name)):
@@ -313,7 +343,7 @@ async def unrevoke_node(request: Request, store: StoreDep, name: NodeName) -> Re
     return Response(status_code=204)
 
 
-@reads.get("/api/v1/revoked")
+@reads.get("/api/v1/revoked", response_model=RevokedList)
 async def get_revoked(request: Request, store: StoreDep) -> dict[str, Any]:
     """The revoked nodes, by name: ``{revoked: [{node, revoked, reason}]}``."""
     return {"revoked": await db_read(request, store.revoked_nodes)}
@@ -322,7 +352,10 @@ async def get_revoked(request: Request, store: StoreDep) -> dict[str, Any]:
 operator = APIRouter(
     prefix="/api/v1",
     dependencies=[Depends(require_operator)],
-    responses={**REFUSALS, 403: {"description": "not the admin token, or the manager has none (--admin-token)"}},
+    responses={
+        **REFUSALS,
+        403: {"model": Problem, "description": "not the admin token, or the manager has none (--admin-token)"},
+    },
 )
 IngestIdPath = Annotated[str, Path(pattern=ID_PATTERN, max_length=128)]
 
@@ -334,20 +367,20 @@ async def _set_excluded(request: Request, store: Store, node: str, id_: str, exc
     return {"node": node, "id": id_, "excluded": excluded}
 
 
-@operator.post("/observations/{node}/{id}/exclude", responses={404: {"description": "no such observation"}})
+@operator.post("/observations/{node}/{id}/exclude", response_model=Excluded, responses=NO_OBSERVATION)
 async def exclude_observation(request: Request, store: StoreDep, node: NodeName, id: IngestIdPath) -> dict[str, Any]:
     """Leave the observation *id* (the ``id`` it was posted with) of *node* out of what the fleet
     learns: it is kept, and listed on its profile's page as excluded. Admin token only."""
     return await _set_excluded(request, store, node, id, True)
 
 
-@operator.post("/observations/{node}/{id}/include", responses={404: {"description": "no such observation"}})
+@operator.post("/observations/{node}/{id}/include", response_model=Excluded, responses=NO_OBSERVATION)
 async def include_observation(request: Request, store: StoreDep, node: NodeName, id: IngestIdPath) -> dict[str, Any]:
     """Learn from the observation *id* of *node* again (undoes ``exclude``). Admin token only."""
     return await _set_excluded(request, store, node, id, False)
 
 
-@reads.get("/api/v1/alerts")
+@reads.get("/api/v1/alerts", response_model=Alerts)
 async def get_alerts(request: Request, store: StoreDep) -> dict[str, Any]:
     return {"alerts": await db_read(request, store.alerts)}
 
@@ -407,21 +440,21 @@ async def database_check(request: Request) -> str:
     return "ok"
 
 
-@health.get("/livez")
+@health.get("/livez", response_model=Alive)
 async def livez() -> dict[str, str]:
     """Liveness: 200 while this process answers HTTP, whatever the database does (a database outage
     is not cured by a restart). Open, no token, no database read."""
     return {"status": "alive"}
 
 
-@health.get("/readyz", responses={503: {"description": "the database cannot be read or written"}})
+@health.get("/readyz", response_model=Health, responses=UNAVAILABLE)
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: ``healthz``'s answer (200 while this replica can use the database, else 503): a
     load balancer sends it traffic only then."""
     return await healthz(request)
 
 
-@health.get("/healthz", responses={503: {"description": "the database cannot be read or written"}})
+@health.get("/healthz", response_model=Health, responses=UNAVAILABLE)
 async def healthz(request: Request) -> JSONResponse:
     """200 when the database answers and no write episode is open; else 503 with the cause (the
     readiness answer, ``/readyz``; ``/livez`` is liveness)."""
