@@ -137,7 +137,7 @@ def test_a_lower_bound_over_the_budget_says_over_it_and_one_within_says_nothing(
         "killed by the kernel's OOM killer at the 512 MiB limit (cgroup-v1, oom_kill +1)"
     )
     within = peak_story(None, 128 * MiB, 512 * MiB, "cgroup-v1", oom="worker", kills=1, unknown=why, at_least=64 * MiB)
-    assert "budget" not in within and "within" not in within
+    assert within is not None and "budget" not in within and "within" not in within
     known = peak_story(500 * MiB, 128 * MiB, 512 * MiB, "cgroup-v1", source="vmhwm", at_least=64 * MiB)
     assert known is not None and "over its 128 MiB budget, within the 512 MiB limit" in known
 

@@ -5,6 +5,7 @@ alerted, kept apart from the supervised ones, equal to the kernel's); every supe
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,13 @@ def test_a_silent_supervisor_is_lost_and_every_state_is_seen(client: TestClient,
         assert ([n["name"] for n in page["nodes"]], page["total"]) == ([name], 1)
         assert metric(client, "oomguard_supervisor_state", node=name, state=state) == 1
     assert client.get("/api/v1/nodes?supervisor=bogus", headers=VIEWER_H).status_code == 422
+    whole = client.get("/", headers=VIEWER_H).text  # the list says each dead or stopped supervisor
+    for state, name in (("lost", "a"), ("gave-up", "b"), ("stopped", "c"), ("exited", "d")):
+        assert f'href="?supervisor={state}" title="its supervisor (oomguard run) is {state}' in whole
+        html = client.get(f"/?supervisor={state}", headers=VIEWER_H).text  # and filters by it
+        shown = re.findall(r'<a class="node" href="/nodes/([^"]+)">', html)
+        assert shown == [name] and f'<option value="{state}" selected>supervisor {state}</option>' in html
+    assert len(re.findall(r'<a class="node" ', client.get("/?supervisor=bogus", headers=VIEWER_H).text)) == 4
     event(client, "a", event="heartbeat", interval_s=20)  # heard again: running
     assert node(client, "a")["supervisor_state"] == "running"
 

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Cookie, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from markupsafe import Markup
 
-from oomguard.manager.alerts import LIVE, STATUSES
+from oomguard.manager.alerts import LIVE, STATUSES, SUPERVISOR_STATES
 from oomguard.manager.bodies import label_filter
 from oomguard.manager.learning import WINDOW_MS
 from oomguard.manager.reportschema import conform_report
@@ -60,6 +60,12 @@ fleet_pages = viewer_pages()
 login_pages = APIRouter(include_in_schema=False)
 
 
+# The supervisor states the list says beside a node's status: those with an alert of their own
+# (alerts.py: lost and gave-up critical, stopped and exited warnings), so a dead supervisor on an
+# online node is seen in the list, not only on its page.
+SUPERVISOR_RISKY = ("lost", "gave-up", "stopped", "exited")
+
+
 def sort_link(sort: str, key: str, first: str) -> str:
     """The sort a column's heading links to: its first direction, or the other one when that is on."""
     return ("" if first == "-" else "-") + key if sort == first + key else first + key
@@ -73,6 +79,7 @@ async def index(
     q: str = "",
     status: str = "",
     label: str = "",
+    supervisor: str = "",
     sort: str = DEFAULT_SORT,
     offset: str = "0",
     show: Annotated[str, Query(alias="alerts", max_length=64)] = "",
@@ -80,10 +87,11 @@ async def index(
     notice: Annotated[str | None, Cookie(alias=NOTICE)] = None,
 ) -> Response:
     """The fleet: cards, alerts grouped by kind (*show*: the kind listed in full, ``ALERTS_PAGE``
-    at a time from *alerts_offset*), a page of nodes (of the *label* ``KEY=VALUE`` when given),
-    riskiest first unless *sort* says otherwise."""
+    at a time from *alerts_offset*), a page of nodes (of the *label* ``KEY=VALUE`` and the
+    *supervisor* state when given), riskiest first unless *sort* says otherwise."""
     q = q.replace("\x00", "")[:128]  # PostgreSQL text cannot hold NUL
     status = status if status in STATUSES else ""
+    supervisor = supervisor if supervisor in SUPERVISOR_STATES else ""
     sort = sort if sort.lstrip("-") in SORT_KEYS else DEFAULT_SORT
     start = _offset(offset)
     label = label.replace("\x00", "")[:320]
@@ -93,11 +101,13 @@ async def index(
     except ValueError as exc:
         label_error = str(exc)
     listing_query: dict[str, Any] = {"status": status or None, "q": q or None, "label": wanted, "sort": sort}
+    listing_query |= {"supervisor": supervisor or None}
     listing_query |= {"offset": start, "limit": PAGE_SIZE}
     alerts_query = {"shown": ALERTS_SHOWN, "show_all": show, "start": _offset(alerts_offset), "page": ALERTS_PAGE}
     overview = await db_read(request, store.overview, listing_query, alerts_query)
     listing, alerts, summary = overview["listing"], overview["alerts"], overview["summary"]
-    current: dict[str, Any] = {"q": q, "status": status, "label": label, "sort": sort, "offset": start}
+    current: dict[str, Any] = {"q": q, "status": status, "label": label, "supervisor": supervisor}
+    current |= {"sort": sort, "offset": start}
     forgotten = notice if notice and is_valid_node_name(notice) else None
     response = render(
         request,
@@ -116,6 +126,8 @@ async def index(
         forgotten=forgotten,
         live=LIVE,
         label_error=label_error,
+        supervisor_states=SUPERVISOR_STATES,
+        supervisor_risky=SUPERVISOR_RISKY,
         query=lambda **kw: _query(current, kw),
         **current,
     )
