@@ -47,10 +47,15 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 ENV.pop("OOMGUARD_BUDGET", None)
 
 # A worker that allocates and touches N bytes (from its first argument or a variable), then exits 0.
+# Private anonymous memory (MAP_PRIVATE): the OOM reaper frees it as soon as the kernel picks the
+# worker (mm/oom_kill.c, __oom_reap_task_mm). A shared mapping (mmap's default, MAP_SHARED) is
+# shmem, which it cannot reap: it stays charged until the killed worker has exited, and an
+# allocation of the supervisor beside it in the group meanwhile made the supervisor the next
+# victim (run SIGKILLed, rc -9, in CI under load; docs/run.md, "The supervisor's own memory").
 ALLOC = (
     "import os, sys, mmap\n"
     "n = int(eval(sys.argv[1], {'env': os.environ}))\n"
-    "m = mmap.mmap(-1, n)\n"
+    "m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)\n"
     "for off in range(0, n, 1 << 24): m[off:off + min(1 << 24, n - off)] = b'x' * min(1 << 24, n - off)\n"
 )
 

@@ -207,7 +207,7 @@ class Store:
             return queries.node_history(conn, name, max(1, limit), cursor)
 
     def alerts(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Every open alert (at most *limit*), nodes by name: ``alerting.fleet_alerts``."""
+        """Every open alert (at most *limit*), the riskiest nodes first: ``alerting.fleet_alerts``."""
         with self._fleet() as conn:
             return alerting.fleet_alerts(conn, self.clock(), self.default_interval_ms, limit, self.line)
 
