@@ -96,9 +96,12 @@ def total_budget(path: str) -> int:
 
 
 def used(size: int) -> mmap.mmap:
-    """*size* bytes of anonymous memory, every page touched: really used, charged to the cgroup, and
-    given back at once by ``close`` (munmap), as a large allocation freed by a real allocator."""
-    m = mmap.mmap(-1, size)
+    """*size* bytes of private anonymous memory, every page touched: really used, charged to the cgroup,
+    and given back at once by ``close`` (munmap), as a large allocation freed by a real allocator. Private
+    (MAP_PRIVATE, not mmap's default MAP_SHARED, which is shmem): the OOM reaper frees it as soon as the
+    kernel picks this process, so its kill cannot make the supervisor beside it the next victim (docs/run.md,
+    "The supervisor's own memory")."""
+    m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
     m[::4096] = b"x" * len(range(0, size, 4096))
     return m
 
