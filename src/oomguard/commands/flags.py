@@ -34,9 +34,9 @@ SIZES = (
 )
 DURATIONS = "Durations: 500ms, 30s, 5m, 1h, 2d or seconds, at most " + MAX_DURATION_TEXT + "."
 ENVIRONMENT = (  # agent's and manager's (commands/envflags.py)
-    "Every option is also a variable: OOMGUARD_ and its name in capitals, dashes as underscores "
-    "(--max-time: OOMGUARD_MAX_TIME; a switch takes 1 or 0); an option given beats its variable "
-    "(docs/configuration.md)."
+    "Every option is also a variable, but those of one invocation (the gate's, migrate --check, revoke "
+    "--reason): OOMGUARD_ and its name in capitals, dashes as underscores (--max-time: OOMGUARD_MAX_TIME; "
+    "a switch takes 1 or 0); an option given beats its variable (docs/configuration.md)."
 )
 # Metavars whose value is a path: shell completion offers files (or directories) for them.
 FILE_METAVARS = frozenset({"FILE", "PATH", "FILE.tar.gz"})
