@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from oomguard.manager.redact import RedactingFormatter, Redactor
+from oomguard.manager.settings import LOG_FORMATS
 
-FORMATS = ("text", "json")
+FORMATS = LOG_FORMATS  # settings checks --log-format against them
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 OWN_LOGGER = "oomguard.manager"
 # A record's own attributes (logging.LogRecord's, and what Formatter.format adds): the rest are the

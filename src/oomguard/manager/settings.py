@@ -65,7 +65,7 @@ MAX_PROFILES = 200
 MAX_CLASSES = 100
 MAX_PROFILES_PER_NODE = 16
 MAX_CLASSES_PER_NODE = 4
-LOG_FORMATS = ("text", "json")  # manager/logs.py's FORMATS (imported there: settings imports no logging)
+LOG_FORMATS = ("text", "json")  # --log-format's (manager/logs.py writes them)
 NODE_TOKEN_PREFIX = "ogn1."  # web.credentials.PREFIX: a fleet-wide token must not look like a node's
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
